@@ -1,0 +1,54 @@
+"""Distributed locks stored in MongoDB, with fencing tokens, for Django and plain Python."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_mongolock.exceptions import (
+    ConfigurationError,
+    LockLost,
+    LockNotAcquired,
+    MongoLockError,
+    ReplicaSetRequired,
+    ServerUnavailable,
+)
+from django_mongolock.lock import Lock
+from django_mongolock.manager import LockContext, LockManager
+from django_mongolock.store import LockInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "Lock",
+    "LockContext",
+    "LockInfo",
+    "LockLost",
+    "LockManager",
+    "LockNotAcquired",
+    "MongoLockError",
+    "ReplicaSetRequired",
+    "ServerUnavailable",
+    "__version__",
+    "locks",
+]
+
+
+class _DefaultManager:
+    """``locks``: the manager built from Django settings, on first use, not at import."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        from django_mongolock.conf import get_manager
+
+        return getattr(get_manager(), name)
+
+    def __repr__(self) -> str:
+        return "<default LockManager (from settings.MONGOLOCK)>"
+
+
+if TYPE_CHECKING:
+    locks: LockManager
+else:
+    locks = _DefaultManager()

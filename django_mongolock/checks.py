@@ -1,0 +1,83 @@
+"""System checks: the ``MONGOLOCK`` setting always; the server only with ``--database``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.core import checks
+
+from django_mongolock import conf
+from django_mongolock.exceptions import MongoLockError
+
+__all__ = ["check_server", "check_settings"]
+
+_DOCS = "https://django-mongolock.readthedocs.io/en/latest/"
+
+
+@checks.register()
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Invalid or unknown ``MONGOLOCK`` values, reported before anything connects."""
+    return [
+        checks.Error(problem.msg, hint=problem.hint, id=f"mongolock.{problem.id}")
+        for problem in conf.settings_problems()
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_server(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """The server is reachable, is a replica set, and has the indexes.
+
+    Runs only for ``manage.py check --database ...`` (and ``migrate``), so ``runserver``
+    never waits on MongoDB.
+    """
+    if databases is None or conf.settings_problems():
+        return []
+    manager = conf.get_manager()
+    try:
+        kind = manager.server_kind()
+        if kind == "standalone":
+            return [
+                checks.Error(
+                    f"MongoDB at {', '.join(manager.store.servers())} is a standalone server; "
+                    "locks need a replica set (a single-node one is fine).",
+                    hint=f"Start mongod with --replSet and run rs.initiate(). {_DOCS}guarantees/",
+                    id="mongolock.E011",
+                )
+            ]
+        plan = manager.check_indexes()
+    except MongoLockError as exc:
+        return [
+            checks.Error(
+                f"Cannot use the lock collection: {exc}",
+                hint=f"Check MONGOLOCK['URL'] or MONGOLOCK_URL. {_DOCS}configuration/",
+                id="mongolock.E010",
+            )
+        ]
+    messages: list[checks.CheckMessage] = []
+    missing = [item.description for item in plan if item.action == "missing"]
+    if missing:
+        messages.append(
+            checks.Warning(
+                f"The lock collection lacks: {', '.join(missing)}.",
+                hint="Run 'python manage.py migrate_mongolock'.",
+                id="mongolock.W001",
+            )
+        )
+    for item in plan:
+        if item.action == "differs":
+            messages.append(
+                checks.Warning(
+                    f"The {item.description} is out of date ({item.detail}).",
+                    hint="Run 'python manage.py migrate_mongolock' to update it in place.",
+                    id="mongolock.W002",
+                )
+            )
+    return messages

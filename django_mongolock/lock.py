@@ -1,0 +1,169 @@
+"""The handle a holder gets: its fencing token, its lease, and a way to learn it was lost."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from django_mongolock.exceptions import LockLost
+from django_mongolock.signals import lock_lost, lock_released
+from django_mongolock.store import LockInfo
+from django_mongolock.validation import validate_ttl
+
+if TYPE_CHECKING:
+    from django_mongolock.manager import LockManager
+
+__all__ = ["Lock"]
+
+logger = logging.getLogger("django_mongolock.lock")
+
+
+class Lock:
+    """A held lock: ``key``, ``owner``, fencing ``token`` and the lease, in server time.
+
+    ``valid`` turns False as soon as the lock is released or lost, and also once the
+    lease has ended by this process's monotonic clock (measured from before the request
+    that set it, so never later than the server's own expiry). ``lost`` is a
+    ``threading.Event`` set once the lock is lost; protected code can check or wait on it.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_deadline",
+        "_manager",
+        "_mutex",
+        "_pid",
+        "_released",
+        "acquired_at",
+        "expires_at",
+        "key",
+        "lost",
+        "on_lost",
+        "owner",
+        "token",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        manager: LockManager,
+        info: LockInfo,
+        sent_at: float,
+        *,
+        on_lost: Callable[[Lock], object] | None = None,
+    ) -> None:
+        self._manager = manager
+        self.key: str = info.key
+        self.owner: str = info.owner
+        self.token: int = info.token
+        self.acquired_at: datetime = info.acquired_at
+        self.expires_at: datetime = info.expires_at
+        self.ttl: float = info.ttl
+        self.lost = threading.Event()
+        self.on_lost = on_lost
+        self._deadline = sent_at + info.remaining
+        self._released = False
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "lost" if self.lost.is_set() else "held"
+        return f"<Lock {self.key!r} token={self.token} owner={self.owner!r} {state}>"
+
+    @property
+    def valid(self) -> bool:
+        """Held: not released, not lost, and the lease has not run out."""
+        if self._released or self.lost.is_set():
+            return False
+        if time.monotonic() >= self._deadline:
+            self._mark_lost("its lease ended before it was refreshed")
+            return False
+        return True
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left of the lease by this process's clock (0 once it has ended)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def refresh(self, ttl: float | None = None) -> Lock:
+        """Extend the lease to ``ttl`` seconds from now (server time); LockLost if not held."""
+        lease = self.ttl if ttl is None else validate_ttl(ttl)
+        if self._released:
+            raise LockLost(self.key, self.owner, self.token, "it was released")
+        if self.lost.is_set():
+            raise LockLost(self.key, self.owner, self.token, "it was lost before")
+        sent_at = time.monotonic()
+        info = self._manager.store.refresh(self.key, self.owner, self.token, lease)
+        if info is None:
+            reason = "its lease ended or it was released by somebody else"
+            self._mark_lost(reason)
+            raise LockLost(self.key, self.owner, self.token, reason)
+        self._extend(info, sent_at)
+        return self
+
+    def release(self) -> bool:
+        """Give the lock up; True if it was still held, False (and nothing deleted) otherwise.
+
+        Never removes somebody else's lock: the delete matches this owner and token only.
+        A process forked from the holder does not release its parent's lock.
+        """
+        with self._mutex:
+            if self._released:
+                return False
+            self._released = True
+        if os.getpid() != self._pid:
+            return False
+        held = self._manager.store.release(self.key, self.owner, self.token)
+        self._manager._released(self, held)
+        lock_released.send(sender=self._manager, lock=self, held=held)
+        if not held and not self.lost.is_set():
+            self._mark_lost("its lease had ended or it was released by somebody else")
+        return held
+
+    # -- for the manager and the refresher ---------------------------------------------------
+
+    def _extend(self, info: LockInfo, sent_at: float) -> None:
+        self.expires_at = info.expires_at
+        self.ttl = info.ttl
+        self._deadline = sent_at + info.remaining
+
+    def _mark_lost(self, reason: str) -> bool:
+        """Set ``lost`` and tell everybody once; False if it was already lost."""
+        with self._mutex:
+            if self.lost.is_set():
+                return False
+            self.lost.set()
+        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        lock_lost.send(sender=self._manager, lock=self, reason=reason)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:
+                logger.exception("on_lost callback of lock %r failed", self.key)
+        return True
+
+    # -- context manager -----------------------------------------------------------------------
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.release() and self._pid == os.getpid():
+            logger.warning(
+                "lock %r (token %s) was no longer held when its block ended", self.key, self.token
+            )

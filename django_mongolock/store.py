@@ -1,0 +1,447 @@
+"""Every MongoDB query of the package, in one place and free of Django.
+
+One document per key, keyed by ``_id`` so that two documents for one key cannot
+exist even before ``migrate_mongolock`` has created the indexes. Every decision
+about time is made by the server (``$$NOW``) inside the query, and fencing
+tokens come from the cluster time, so they keep growing after the document is
+deleted and across a failover.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, Literal
+
+from bson.codec_options import CodecOptions
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo.collection import Collection
+from pymongo.errors import (
+    ConnectionFailure,
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from django_mongolock.exceptions import MongoLockError, ReplicaSetRequired, ServerUnavailable
+
+__all__ = [
+    "KEY_INDEX",
+    "TTL_INDEX",
+    "IndexAction",
+    "LockInfo",
+    "LockStore",
+    "Order",
+    "State",
+]
+
+State = Literal["live", "expired", "all"]
+Order = Literal["key", "-key", "expires", "-expires", "acquired", "-acquired"]
+
+KEY_INDEX: Final = "key_unique"
+TTL_INDEX: Final = "expires_at_ttl"
+
+# Fencing token from the cluster time: seconds * 2**31 + increment. The server keeps the
+# increment below 2**31, so tokens stay ordered like cluster times and fit in an int64
+# until the year 2106. The cluster time only moves forward, also across elections.
+_CLUSTER_TOKEN: Final = {
+    "$add": [
+        {"$multiply": [{"$toLong": {"$tsSecond": "$$CLUSTER_TIME"}}, 2**31]},
+        {"$toLong": {"$tsIncrement": "$$CLUSTER_TIME"}},
+    ]
+}
+_FIELDS: Final = ("owner", "token", "acquired_at", "refreshed_at", "expires_at", "ttl")
+_PROJECTION: Final = {**dict.fromkeys(_FIELDS, 1), "now": "$$NOW"}
+_LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
+_SORTS: Final[Mapping[str, list[tuple[str, int]]]] = {
+    "key": [("_id", ASCENDING)],
+    "-key": [("_id", DESCENDING)],
+    "expires": [("expires_at", ASCENDING), ("_id", ASCENDING)],
+    "-expires": [("expires_at", DESCENDING), ("_id", ASCENDING)],
+    "acquired": [("acquired_at", ASCENDING), ("_id", ASCENDING)],
+    "-acquired": [("acquired_at", DESCENDING), ("_id", ASCENDING)],
+}
+_CODEC: Final[CodecOptions[Any]] = CodecOptions(tz_aware=True, tzinfo=UTC)
+# Codes the server answers when $$CLUSTER_TIME is used on a standalone mongod.
+_NO_CLUSTER_TIME: Final = frozenset({51144, 10071})
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """A lock document as the server saw it at ``now`` (server time)."""
+
+    key: str
+    owner: str
+    token: int
+    acquired_at: datetime
+    refreshed_at: datetime
+    expires_at: datetime
+    ttl: float
+    now: datetime
+
+    @property
+    def live(self) -> bool:
+        return self.expires_at > self.now
+
+    @property
+    def state(self) -> Literal["live", "expired"]:
+        return "live" if self.live else "expired"
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the lease ends (negative once it has ended), by the server's clock."""
+        return (self.expires_at - self.now).total_seconds()
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping (ISO 8601 times) for ``--json`` output and APIs."""
+        return {
+            "key": self.key,
+            "state": self.state,
+            "owner": self.owner,
+            "token": self.token,
+            "acquired_at": self.acquired_at.isoformat(),
+            "refreshed_at": self.refreshed_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "ttl": self.ttl,
+            "remaining": round(self.remaining, 3),
+            "server_time": self.now.isoformat(),
+        }
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> LockInfo:
+        epoch = datetime.fromtimestamp(0, UTC)
+        return cls(
+            key=doc["_id"],
+            owner=str(doc.get("owner", "")),
+            token=int(doc.get("token", 0)),
+            acquired_at=doc.get("acquired_at", epoch),
+            refreshed_at=doc.get("refreshed_at", doc.get("acquired_at", epoch)),
+            expires_at=doc.get("expires_at", epoch),
+            ttl=float(doc.get("ttl", 0.0)),
+            now=doc["now"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IndexAction:
+    """What ``ensure_indexes`` did, or would do, to one index."""
+
+    name: str
+    description: str
+    action: Literal["created", "unchanged", "updated", "missing", "differs"]
+    detail: str = ""
+
+
+class _Translate:
+    """Turns driver errors into this package's errors, naming the servers but no credentials."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: LockStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or not isinstance(exc, PyMongoError):
+            return
+        store = self._store
+        if isinstance(exc, OperationFailure) and (
+            exc.code in _NO_CLUSTER_TIME or "CLUSTER_TIME" in str(exc)
+        ):
+            raise ReplicaSetRequired(store.servers()) from exc
+        if isinstance(exc, ConnectionFailure) or getattr(exc, "timeout", False):
+            raise ServerUnavailable(store.servers(), store.timeout, _brief(str(exc))) from exc
+        raise MongoLockError(f"MongoDB error: {_redact(str(exc))}") from exc
+
+
+_CREDENTIALS = re.compile(r"(mongodb(?:\+srv)?://)[^@/\s]*@")
+
+
+def _redact(text: str) -> str:
+    """Drop ``user:password@`` from any connection string quoted in a message."""
+    return _CREDENTIALS.sub(r"\1***@", text)
+
+
+def _brief(text: str) -> str:
+    """The driver's first sentence, without its dump of timeouts and topology."""
+    for cut in (" (configured timeouts", ", Timeout:", ", Topology Description:"):
+        text = text.split(cut, 1)[0]
+    return _redact(text)
+
+
+class LockStore:
+    """The lock collection: atomic, server-timed operations on one document per key."""
+
+    def __init__(self, collection: Collection[Any]) -> None:
+        self.collection: Collection[Any] = collection.with_options(
+            codec_options=_CODEC,
+            write_concern=WriteConcern(w="majority"),
+            read_concern=ReadConcern("majority"),
+        )
+        self._translate = _Translate(self)
+
+    # -- diagnostics -----------------------------------------------------------------------
+
+    def servers(self) -> list[str]:
+        """The seed or discovered addresses, as ``host:port`` (never credentials)."""
+        client = self.collection.database.client
+        return [
+            f"{host}:{port}" for host, port in client.topology_description.server_descriptions()
+        ]
+
+    @property
+    def timeout(self) -> float | None:
+        return float(self.collection.database.client.options.server_selection_timeout)
+
+    def server_kind(self) -> Literal["replica set", "sharded", "standalone"]:
+        """How the deployment runs: only a replica set (or sharded cluster) is safe."""
+        with self._translate:
+            hello = self.collection.database.client.admin.command("hello")
+        if hello.get("msg") == "isdbgrid":
+            return "sharded"
+        return "replica set" if "setName" in hello else "standalone"
+
+    # -- the holder's operations -------------------------------------------------------------
+
+    def acquire(self, key: str, owner: str, ttl: float) -> LockInfo:
+        """Take ``key`` for ``owner`` unless a live lease holds it: one round trip either way.
+
+        Returns the document after the update: the caller holds the lock when its owner is
+        ``owner``; otherwise it names the current holder and when its lease ends.
+        """
+        taken = {
+            "_id": "$_id",
+            "key": "$_id",
+            "owner": {"$literal": owner},
+            "token": {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, _CLUSTER_TOKEN]},
+            "acquired_at": "$$NOW",
+            "refreshed_at": "$$NOW",
+            "expires_at": {"$add": ["$$NOW", round(ttl * 1000)]},
+            "ttl": ttl,
+        }
+        # A missing expires_at sorts below every date, so a fresh upsert takes the lock.
+        pipeline = [
+            {"$replaceWith": {"$cond": [{"$lte": ["$expires_at", "$$NOW"]}, taken, "$$ROOT"]}}
+        ]
+        with self._translate:
+            try:
+                doc = self.collection.find_one_and_update(
+                    {"_id": key},
+                    pipeline,
+                    projection=_PROJECTION,
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except DuplicateKeyError:
+                # Two upserts raced to create the document; the loser simply tries again.
+                doc = self.collection.find_one_and_update(
+                    {"_id": key},
+                    pipeline,
+                    projection=_PROJECTION,
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+        assert doc is not None  # an upsert with AFTER always returns the document
+        return LockInfo.from_document(doc)
+
+    def refresh(self, key: str, owner: str, token: int, ttl: float) -> LockInfo | None:
+        """Extend a live lease held by ``owner``/``token``; None when it is no longer held."""
+        with self._translate:
+            doc = self.collection.find_one_and_update(
+                {"_id": key, "owner": owner, "token": token, "$expr": _LIVE},
+                [
+                    {
+                        "$set": {
+                            "expires_at": {"$add": ["$$NOW", round(ttl * 1000)]},
+                            "refreshed_at": "$$NOW",
+                            "ttl": ttl,
+                        }
+                    }
+                ],
+                projection=_PROJECTION,
+                return_document=ReturnDocument.AFTER,
+            )
+        return None if doc is None else LockInfo.from_document(doc)
+
+    def release(self, key: str, owner: str, token: int) -> bool:
+        """Delete the holder's document; True only if its lease had not ended yet.
+
+        The filter on owner and token means a release can never remove somebody else's lock.
+        """
+        with self._translate:
+            doc = self.collection.find_one_and_delete(
+                {"_id": key, "owner": owner, "token": token},
+                projection={"_id": 0, "live": _LIVE},
+            )
+        return bool(doc is not None and doc.get("live"))
+
+    # -- operators ---------------------------------------------------------------------------
+
+    def force_release(self, key: str, token: int | None = None) -> LockInfo | None:
+        """Delete ``key`` whoever holds it (only at ``token`` when given); the removed lock."""
+        query: dict[str, Any] = {"_id": key}
+        if token is not None:
+            query["token"] = token
+        with self._translate:
+            doc = self.collection.find_one_and_delete(query, projection=_PROJECTION)
+        return None if doc is None else LockInfo.from_document(doc)
+
+    def find(self, key: str) -> LockInfo | None:
+        """The document of ``key`` (live or expired), read at majority."""
+        with self._translate:
+            doc = self.collection.find_one({"_id": key}, projection=_PROJECTION)
+        return None if doc is None else LockInfo.from_document(doc)
+
+    @staticmethod
+    def _query(state: State, prefix: str | None, owner: str | None = None) -> dict[str, Any]:
+        query: dict[str, Any] = {}
+        if prefix:
+            query["_id"] = {"$regex": "^" + re.escape(prefix)}
+        if owner:
+            query["owner"] = {"$regex": re.escape(owner)}
+        if state == "live":
+            query["$expr"] = _LIVE
+        elif state == "expired":
+            query["$expr"] = {"$not": [_LIVE]}
+        elif state != "all":
+            raise ValueError(f"state must be 'live', 'expired' or 'all', not {state!r}")
+        return query
+
+    def scan(
+        self,
+        state: State = "live",
+        prefix: str | None = None,
+        *,
+        owner: str | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+        order: Order = "key",
+        batch_size: int = 1000,
+    ) -> Iterator[LockInfo]:
+        """Stream matching locks in ``order``; the server does the paging, never the client."""
+        if order not in _SORTS:
+            raise ValueError(f"order must be one of {', '.join(_SORTS)}, not {order!r}")
+        with self._translate:
+            cursor = self.collection.find(
+                self._query(state, prefix, owner),
+                projection=_PROJECTION,
+                sort=_SORTS[order],
+                skip=offset,
+                limit=limit or 0,
+                batch_size=batch_size,
+            )
+            try:
+                for doc in cursor:
+                    yield LockInfo.from_document(doc)
+            finally:
+                cursor.close()
+
+    def count(
+        self, state: State = "all", prefix: str | None = None, owner: str | None = None
+    ) -> int:
+        with self._translate:
+            return self.collection.count_documents(self._query(state, prefix, owner))
+
+    def counts(self, soon: float = 10.0) -> dict[str, int]:
+        """Live, expired and expiring-within-``soon``-seconds counts, in one pass on the server."""
+        live = _LIVE
+        soon_ms = round(soon * 1000)
+        pipeline = [
+            {
+                "$group": {
+                    "_id": None,
+                    "live": {"$sum": {"$cond": [live, 1, 0]}},
+                    "expired": {"$sum": {"$cond": [live, 0, 1]}},
+                    "expiring": {
+                        "$sum": {
+                            "$cond": [
+                                {
+                                    "$and": [
+                                        live,
+                                        {"$lte": ["$expires_at", {"$add": ["$$NOW", soon_ms]}]},
+                                    ]
+                                },
+                                1,
+                                0,
+                            ]
+                        }
+                    },
+                }
+            }
+        ]
+        with self._translate:
+            rows = list(self.collection.aggregate(pipeline))
+        row = rows[0] if rows else {}
+        return {name: int(row.get(name, 0)) for name in ("live", "expired", "expiring")}
+
+    # -- indexes -----------------------------------------------------------------------------
+
+    def _indexes(self) -> dict[str, Any]:
+        with self._translate:
+            try:
+                return dict(self.collection.index_information())
+            except OperationFailure as exc:
+                if exc.code == 26:  # NamespaceNotFound: no collection yet
+                    return {}
+                raise
+
+    def check_indexes(self, retention: int) -> list[IndexAction]:
+        """Compare the indexes with what ``ensure_indexes`` would make; nothing is changed."""
+        return self._plan(retention, self._indexes())
+
+    def ensure_indexes(self, retention: int) -> list[IndexAction]:
+        """Create the unique key index and the TTL index, or bring the TTL in line; idempotent."""
+        plan = self._plan(retention, self._indexes())
+        done: list[IndexAction] = []
+        with self._translate:
+            for item in plan:
+                if item.action == "missing":
+                    if item.name == KEY_INDEX:
+                        self.collection.create_index("key", unique=True, name=KEY_INDEX)
+                    else:
+                        self.collection.create_index(
+                            "expires_at", expireAfterSeconds=retention, name=TTL_INDEX
+                        )
+                    done.append(IndexAction(item.name, item.description, "created", item.detail))
+                elif item.action == "differs":
+                    self.collection.database.command(
+                        "collMod",
+                        self.collection.name,
+                        index={"name": TTL_INDEX, "expireAfterSeconds": retention},
+                    )
+                    done.append(IndexAction(item.name, item.description, "updated", item.detail))
+                else:
+                    done.append(item)
+        return done
+
+    @staticmethod
+    def _plan(retention: int, existing: Mapping[str, Any]) -> list[IndexAction]:
+        key_desc = "unique index on key"
+        ttl_desc = f"TTL index on expires_at (expireAfterSeconds={retention})"
+        plan = []
+        key_index = existing.get(KEY_INDEX)
+        if key_index is None:
+            plan.append(IndexAction(KEY_INDEX, key_desc, "missing"))
+        else:
+            plan.append(IndexAction(KEY_INDEX, key_desc, "unchanged"))
+        ttl_index = existing.get(TTL_INDEX)
+        if ttl_index is None:
+            plan.append(IndexAction(TTL_INDEX, ttl_desc, "missing"))
+        elif ttl_index.get("expireAfterSeconds") != retention:
+            was = ttl_index.get("expireAfterSeconds")
+            plan.append(IndexAction(TTL_INDEX, ttl_desc, "differs", f"was {was}"))
+        else:
+            plan.append(IndexAction(TTL_INDEX, ttl_desc, "unchanged"))
+        return plan

