@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.core import checks
 from django.test import override_settings
-from pytest_django.fixtures import SettingsWrapper
+from pytest_django.fixtures import Settings as SettingsWrapper
 
 from django_mongolock import ConfigurationError, LockManager, conf, locks
 from django_mongolock.checks import check_server, check_settings

@@ -254,8 +254,10 @@ def test_waiter_in_the_same_process_wakes_on_release(manager: LockManager) -> No
 def test_unreachable_while_waiting_raises_promptly(manager: LockManager) -> None:
     from django_mongolock import ServerUnavailable
 
-    dead = LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.3)
     started = time.monotonic()
-    with pytest.raises(ServerUnavailable):
+    with (
+        LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.3) as dead,
+        pytest.raises(ServerUnavailable),
+    ):
         dead.acquire("k", timeout=30)
     assert time.monotonic() - started < 3

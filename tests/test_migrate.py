@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_django.fixtures import SettingsWrapper
+from pytest_django.fixtures import Settings as SettingsWrapper
 
 from django_mongolock import locks
 from django_mongolock.store import KEY_INDEX, TTL_INDEX

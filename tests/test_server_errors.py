@@ -11,10 +11,11 @@ from django_mongolock import LockManager, ReplicaSetRequired, ServerUnavailable
 
 
 def test_unreachable_server_fails_within_the_timeout_naming_it(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
     caplog.set_level(logging.DEBUG)
     manager = LockManager("mongodb://alice:s3cret@127.0.0.1:9/", server_selection_timeout=0.5)
+    request.addfinalizer(manager.close)
     started = time.monotonic()
     with pytest.raises(ServerUnavailable) as info:
         manager.acquire("k")

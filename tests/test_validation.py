@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,9 +13,10 @@ from django_mongolock.validation import MAX_KEY_BYTES
 
 
 @pytest.fixture
-def offline() -> LockManager:
+def offline() -> Iterator[LockManager]:
     """A manager whose server does not exist: any query would raise ServerUnavailable."""
-    return LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.2)
+    with LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.2) as manager:
+        yield manager
 
 
 BAD_KEYS: list[tuple[Any, type[Exception], str]] = [
