@@ -7,13 +7,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from django_mongolock.exceptions import LockLost
 from django_mongolock.signals import lock_lost, lock_released
-from django_mongolock.store import LockInfo
+from django_mongolock.store import LockInfo, LockStore
 from django_mongolock.validation import validate_ttl
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class Lock:
         "lost",
         "on_lost",
         "owner",
+        "refreshable",
         "token",
         "ttl",
     )
@@ -57,6 +58,7 @@ class Lock:
         sent_at: float,
         *,
         on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool = False,
     ) -> None:
         self._manager = manager
         self.key: str = info.key
@@ -67,6 +69,7 @@ class Lock:
         self.ttl: float = info.ttl
         self.lost = threading.Event()
         self.on_lost = on_lost
+        self.refreshable = refresh
         self._deadline = sent_at + info.remaining
         self._released = False
         self._pid = os.getpid()
@@ -78,8 +81,11 @@ class Lock:
 
     @property
     def valid(self) -> bool:
-        """Held: not released, not lost, and the lease has not run out."""
-        if self._released or self.lost.is_set():
+        """Held: not released, not lost, and the lease has not run out.
+
+        Always False in a process forked from the holder: the lock is its parent's.
+        """
+        if self._released or self.lost.is_set() or self._pid != os.getpid():
             return False
         if time.monotonic() >= self._deadline:
             self._mark_lost("its lease ended before it was refreshed")
@@ -102,6 +108,8 @@ class Lock:
             raise LockLost(self.key, self.owner, self.token, "it was released")
         if self.lost.is_set():
             raise LockLost(self.key, self.owner, self.token, "it was lost before")
+        if self._pid != os.getpid():
+            raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
         sent_at = time.monotonic()
         info = self._manager.store.refresh(self.key, self.owner, self.token, lease)
         if info is None:
@@ -117,11 +125,7 @@ class Lock:
         Never removes somebody else's lock: the delete matches this owner and token only.
         A process forked from the holder does not release its parent's lock.
         """
-        with self._mutex:
-            if self._released:
-                return False
-            self._released = True
-        if os.getpid() != self._pid:
+        if not self._take_release():
             return False
         held = self._manager.store.release(self.key, self.owner, self.token)
         self._manager._released(self, held)
@@ -132,10 +136,33 @@ class Lock:
 
     # -- for the manager and the refresher ---------------------------------------------------
 
+    @property
+    def store(self) -> LockStore:
+        return self._manager.store
+
+    @property
+    def deadline(self) -> float:
+        """The lease end on this process's monotonic clock (never later than the server's)."""
+        return self._deadline
+
+    def _take_release(self) -> bool:
+        """Mark released once, in the holder's process only; False if that was done already."""
+        with self._mutex:
+            if self._released or self._pid != os.getpid():
+                return False
+            self._released = True
+        return True
+
     def _extend(self, info: LockInfo, sent_at: float) -> None:
         self.expires_at = info.expires_at
         self.ttl = info.ttl
         self._deadline = sent_at + info.remaining
+
+    def _extended(self, sent_at: float) -> None:
+        """The refresher extended the lease by ``ttl`` at a server time after ``sent_at``."""
+        deadline = sent_at + self.ttl
+        self.expires_at += timedelta(seconds=deadline - self._deadline)
+        self._deadline = deadline
 
     def _mark_lost(self, reason: str) -> bool:
         """Set ``lost`` and tell everybody once; False if it was already lost."""

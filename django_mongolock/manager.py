@@ -20,10 +20,12 @@ from pymongo.errors import InvalidURI
 
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired
 from django_mongolock.lock import Lock
+from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
 from django_mongolock.waiters import Waiters
+from django_mongolock.watcher import Watcher
 
 __all__ = ["DEFAULT_URL", "LockManager"]
 
@@ -86,6 +88,7 @@ class LockManager:
         self._store: LockStore | None = None
         self._pid = 0
         self._build_mutex = threading.Lock()
+        self._watcher: Watcher | None = None
 
     def __repr__(self) -> str:
         return f"<LockManager {self.database}.{self.collection}>"
@@ -135,8 +138,23 @@ class LockManager:
         except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
             raise ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
 
+    @property
+    def watcher(self) -> Watcher:
+        """This process's change stream watcher for the lock collection (started on need)."""
+        watcher = self._watcher
+        if watcher is None or watcher.pid != os.getpid():
+            with self._build_mutex:
+                if self._watcher is None or self._watcher.pid != os.getpid():
+                    self.waiters = Waiters()
+                    self._watcher = Watcher(lambda: self.store, self.waiters)
+                watcher = self._watcher
+        return watcher
+
     def close(self) -> None:
-        """Close the client this manager built (a client given to it is left open)."""
+        """Stop the watcher and close the client this manager built (a given one stays open)."""
+        watcher = self._watcher
+        if watcher is not None and watcher.pid == os.getpid():
+            watcher.stop()
         with self._build_mutex:
             if self._client is not None and self._given_client is None and self._pid == os.getpid():
                 self._client.close()
@@ -169,11 +187,14 @@ class LockManager:
         blocking: bool = True,
         timeout: float | None = None,
         on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool | None = None,
     ) -> Lock:
         """Take ``key``; wait while it is busy if ``blocking``, at most ``timeout`` seconds.
 
         Raises LockNotAcquired naming the holder when busy and not waiting, or when the
-        timeout passes; ServerUnavailable at once when MongoDB cannot be reached.
+        timeout passes; ServerUnavailable at once when MongoDB cannot be reached. The
+        lease is kept alive in the background unless ``refresh`` (default: the manager's
+        ``refresh``) is False; ``on_lost`` is called once if the lock is lost.
         """
         key = validate_key(key)
         lease = self.ttl if ttl is None else validate_ttl(ttl)
@@ -186,7 +207,12 @@ class LockManager:
             if limit == 0:
                 raise LockNotAcquired(key, info.owner, info.expires_at)
             sent_at, info = self._wait(key, owner, lease, limit, sent_at, info)
-        lock = Lock(self, info, sent_at, on_lost=on_lost)
+        keep = self.refresh if refresh is None else refresh
+        if type(keep) is not bool:
+            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        lock = Lock(self, info, sent_at, on_lost=on_lost, refresh=keep)
+        if keep:
+            get_refresher().register(lock)
         lock_acquired.send(sender=self, lock=lock)
         return lock
 
@@ -196,18 +222,31 @@ class LockManager:
         owner: str,
         lease: float,
         limit: float | None,
-        started: float,
+        sent_at: float,
         info: LockInfo,
     ) -> tuple[float, LockInfo]:
-        """Retry until ``key`` is ours: woken by a release, the holder's lease end, or back-off."""
+        """Retry until ``key`` is ours: woken by a release, the holder's lease end, or back-off.
+
+        While the change stream was open before the last attempt, any release after that
+        attempt wakes this waiter, so it sleeps until the holder's lease end; otherwise it
+        backs off with jitter, never past the lease end or the timeout.
+        """
+        started = sent_at
         deadline = None if limit is None else started + limit
         store = self.store
+        watcher = self.watcher
         attempt = 0
         with self.waiters.subscribe(key) as wake:
+            watcher.ensure_running()
             while True:
-                delay = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
-                # Wake no later than the holder's lease end (by the server's clock).
-                delay = min(delay, max(info.remaining, 0.0) + 0.001)
+                lease_end = max(info.remaining, 0.0) + 0.001
+                since = watcher.healthy_since()
+                if since is not None and since <= sent_at:
+                    delay = lease_end
+                else:
+                    backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)
+                    delay = min(lease_end, backoff * random.uniform(0.5, 1.0))
+                    attempt = min(attempt + 1, 16)
                 now = time.monotonic()
                 if deadline is not None:
                     if now >= deadline:
@@ -217,7 +256,7 @@ class LockManager:
                     delay = min(delay, deadline - now)
                 wake.wait(delay)
                 wake.clear()
-                attempt = min(attempt + 1, 16)
+                watcher.ensure_running()
                 sent_at = time.monotonic()
                 info = store.acquire(key, owner, lease)
                 if info.owner == owner:
@@ -231,16 +270,27 @@ class LockManager:
         blocking: bool = True,
         timeout: float | None = None,
         on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool | None = None,
     ) -> LockContext:
         """A context manager that acquires ``key`` on entry and releases it on exit."""
         validate_key(key)
         if ttl is not None:
             validate_ttl(ttl)
         validate_timeout(timeout, blocking=blocking)
-        return LockContext(self, key, ttl=ttl, blocking=blocking, timeout=timeout, on_lost=on_lost)
+        return LockContext(
+            self,
+            key,
+            ttl=ttl,
+            blocking=blocking,
+            timeout=timeout,
+            on_lost=on_lost,
+            refresh=refresh,
+        )
 
     def _released(self, lock: Lock, held: bool) -> None:
-        """A holder in this process let ``lock`` go: its local waiters may try now."""
+        """A holder in this process let ``lock`` go: stop refreshing, wake local waiters."""
+        if lock.refreshable:
+            get_refresher().unregister(lock)
         self.waiters.notify(lock.key)
 
     # -- inspecting and operating ------------------------------------------------------------

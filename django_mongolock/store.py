@@ -10,7 +10,7 @@ deleted and across a failover.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -286,6 +286,54 @@ class LockStore:
                 projection={"_id": 0, "live": _LIVE},
             )
         return bool(doc is not None and doc.get("live"))
+
+    def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """Extend every live lease in ``held`` (key, owner, token) in one write.
+
+        Each document keeps its own lease length (its ``ttl`` field). Returns the owners
+        whose lease could not be extended (released by somebody else, or already over);
+        finding those costs a second query, and only when something was lost.
+        """
+        if not held:
+            return set()
+        keys = [key for key, _, _ in held]
+        owners = [owner for _, owner, _ in held]
+        query = {
+            "_id": {"$in": keys},
+            "owner": {"$in": owners},
+            "token": {"$in": [token for _, _, token in held]},
+            "$expr": _LIVE,
+        }
+        with self._translate:
+            result = self.collection.update_many(
+                query,
+                [
+                    {
+                        "$set": {
+                            "expires_at": {"$add": ["$$NOW", {"$multiply": ["$ttl", 1000]}]},
+                            "refreshed_at": "$$NOW",
+                        }
+                    }
+                ],
+            )
+            if result.matched_count == len(held):
+                return set()
+            alive = {doc["owner"] for doc in self.collection.find(query, projection={"owner": 1})}
+        return set(owners) - alive
+
+    def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
+        """Delete the holders' documents in one write (at exit); how many were removed."""
+        if not held:
+            return 0
+        with self._translate:
+            result = self.collection.delete_many(
+                {
+                    "_id": {"$in": [key for key, _, _ in held]},
+                    "owner": {"$in": [owner for _, owner, _ in held]},
+                    "token": {"$in": [token for _, _, token in held]},
+                }
+            )
+        return result.deleted_count
 
     # -- operators ---------------------------------------------------------------------------
 

@@ -43,6 +43,13 @@ class Waiters:
         for event in events:
             event.set()
 
+    def notify_all(self) -> None:
+        """Wake every waiter of every key (their wake-up source changed)."""
+        with self._mutex:
+            events = [event for events in self._events.values() for event in events]
+        for event in events:
+            event.set()
+
     def keys(self) -> set[str]:
         """The keys somebody in this process is waiting for."""
         with self._mutex:

@@ -14,7 +14,7 @@ def populated(manager: LockManager) -> LockManager:
     for i in range(5):
         manager.acquire(f"live-{i}", ttl=60)
     for i in range(3):
-        manager.acquire(f"dead-{i}", ttl=0.05)
+        manager.acquire(f"dead-{i}", ttl=0.05, refresh=False)
     manager.acquire("a.b*c(", ttl=60)
     manager.acquire("soon", ttl=5)
     time.sleep(0.1)

@@ -65,7 +65,7 @@ def test_tokens_grow_across_release_expiry_deletion_and_force_release(
     lock = manager.acquire("fenced", ttl=30)
     tokens.append(lock.token)
     lock.release()  # released: the document is deleted
-    lock = other.acquire("fenced", ttl=0.2)
+    lock = other.acquire("fenced", ttl=0.2, refresh=False)
     tokens.append(lock.token)
     time.sleep(0.3)  # expired, not released
     lock = manager.acquire("fenced", ttl=30, blocking=False)
@@ -83,7 +83,7 @@ def test_tokens_grow_across_release_expiry_deletion_and_force_release(
 def test_tokens_grow_when_the_stored_token_is_ahead_of_the_cluster_time(
     manager: LockManager,
 ) -> None:
-    lock = manager.acquire("ahead", ttl=0.05)
+    lock = manager.acquire("ahead", ttl=0.05, refresh=False)
     manager.store.collection.update_one({"_id": "ahead"}, {"$set": {"token": 2**62}})
     time.sleep(0.1)
     again = manager.acquire("ahead", blocking=False)
@@ -92,7 +92,7 @@ def test_tokens_grow_when_the_stored_token_is_ahead_of_the_cluster_time(
 
 
 def test_release_by_a_non_holder_deletes_nothing(manager: LockManager, other: LockManager) -> None:
-    stale = manager.acquire("shared", ttl=0.2)
+    stale = manager.acquire("shared", ttl=0.2, refresh=False)
     time.sleep(0.3)
     holder = other.acquire("shared", blocking=False)
     assert holder.token > stale.token
@@ -105,7 +105,7 @@ def test_release_by_a_non_holder_deletes_nothing(manager: LockManager, other: Lo
 
 
 def test_expiry_follows_the_server_clock(manager: LockManager, other: LockManager) -> None:
-    lock = manager.acquire("lease", ttl=0.5)
+    lock = manager.acquire("lease", ttl=0.5, refresh=False)
     status = manager.status("lease")
     assert status is not None
     assert 0 < status.remaining <= 0.5
@@ -123,7 +123,7 @@ def test_expiry_follows_the_server_clock(manager: LockManager, other: LockManage
 def test_valid_turns_false_at_the_local_lease_end(
     manager: LockManager, lock_events: list[tuple[str, Any]]
 ) -> None:
-    lock = manager.acquire("short", ttl=0.2)
+    lock = manager.acquire("short", ttl=0.2, refresh=False)
     assert lock.valid
     time.sleep(0.25)
     assert lock.valid is False
@@ -134,7 +134,7 @@ def test_valid_turns_false_at_the_local_lease_end(
 
 
 def test_refresh_extends_the_lease_and_keeps_the_token(manager: LockManager) -> None:
-    lock = manager.acquire("long", ttl=0.4)
+    lock = manager.acquire("long", ttl=0.4, refresh=False)
     first_expiry = lock.expires_at
     for _ in range(4):
         time.sleep(0.2)
@@ -227,7 +227,7 @@ def test_blocking_acquire_times_out_with_the_holder(
 def test_blocking_acquire_takes_the_lock_when_the_lease_ends(
     manager: LockManager, other: LockManager
 ) -> None:
-    holder = manager.acquire("ends", ttl=0.6)
+    holder = manager.acquire("ends", ttl=0.6, refresh=False)
     started = time.monotonic()
     taken = other.acquire("ends", timeout=5)
     waited = time.monotonic() - started

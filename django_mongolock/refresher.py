@@ -1,0 +1,229 @@
+"""ONE background thread per process that keeps every held lease alive.
+
+Each tick extends all leases this process holds with one write per collection, at
+about a third of the shortest lease held, and marks lost every lock whose lease could
+not be extended. While MongoDB cannot be reached, a lock is marked lost as soon as its
+lease has certainly ended by this process's monotonic clock. The thread starts with the
+first held lock, never dies from an exception, and is not inherited by forked children.
+At normal interpreter exit it stops and releases the locks still held.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import pymongo
+
+from django_mongolock.exceptions import MongoLockError
+
+if TYPE_CHECKING:
+    from django_mongolock.lock import Lock
+    from django_mongolock.store import LockStore
+
+__all__ = ["Refresher", "get_refresher", "install", "shutdown"]
+
+logger = logging.getLogger("django_mongolock.refresher")
+
+# Never tick more often than this, whatever the shortest lease (a 1 ms lease cannot be kept).
+MIN_INTERVAL = 0.05
+# After a failed tick, try again this soon (or at the usual interval, if shorter).
+RETRY_INTERVAL = 1.0
+# How long interpreter exit may spend stopping the thread and releasing held locks.
+EXIT_TIMEOUT = 2.0
+
+
+class Refresher:
+    """Holds weak references to the locks of this process and extends their leases.
+
+    A lock whose handle is dropped without being released stops being refreshed and
+    lapses at the end of its lease, like a crashed holder's.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+        self._cond = threading.Condition()
+        self._due = 0.0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._unreachable = False
+        self.ticks = 0
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._locks)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def register(self, lock: Lock) -> None:
+        """Keep ``lock`` alive from now on; starts the thread on first need."""
+        with self._cond:
+            if self._stopping:
+                return
+            self._locks.add(lock)
+            due = time.monotonic() + _interval(lock.ttl)
+            self._due = due if len(self._locks) == 1 else min(self._due, due)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="mongolock-refresher", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def unregister(self, lock: Lock) -> None:
+        with self._cond:
+            self._locks.discard(lock)
+
+    def held(self) -> list[Lock]:
+        with self._cond:
+            return [lk for lk in self._locks if not lk.released and not lk.lost.is_set()]
+
+    def stop(self, timeout: float = EXIT_TIMEOUT) -> None:
+        """Stop the thread (bounded wait); locks are no longer refreshed."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (not self._locks or time.monotonic() < self._due):
+                    wait = None if not self._locks else self._due - time.monotonic()
+                    self._cond.wait(wait)
+                if self._stopping:
+                    return
+            try:
+                self.tick()
+            except Exception:  # the thread must outlive any single failure
+                logger.exception("refresh tick failed")
+                with self._cond:
+                    self._due = time.monotonic() + RETRY_INTERVAL
+
+    def tick(self) -> None:
+        """Extend every held lease now: one write per collection, then mark the lost ones."""
+        locks = [lock for lock in self.held() if lock.refreshable]
+        if not locks:
+            return
+        shortest = min(lock.ttl for lock in locks)
+        next_due = time.monotonic() + _interval(shortest)
+        groups: dict[LockStore, list[Lock]] = defaultdict(list)
+        for lock in locks:
+            groups[lock.store].append(lock)
+        lost: list[tuple[Lock, str]] = []
+        for store, group in groups.items():
+            sent_at = time.monotonic()
+            try:
+                gone = store.refresh_many([(lk.key, lk.owner, lk.token) for lk in group])
+            except MongoLockError as exc:
+                if not self._unreachable:
+                    logger.warning("cannot refresh %d lock(s): %s", len(group), exc)
+                self._unreachable = True
+                next_due = min(
+                    next_due, time.monotonic() + min(RETRY_INTERVAL, _interval(shortest))
+                )
+                now = time.monotonic()
+                lost.extend(
+                    (lk, "its lease ended while MongoDB could not be reached")
+                    for lk in group
+                    if now >= lk.deadline
+                )
+                continue
+            if self._unreachable:
+                logger.warning("refreshing locks again")
+                self._unreachable = False
+            for lock in group:
+                if lock.released:
+                    continue  # released while this tick ran: not lost
+                if lock.owner in gone:
+                    lost.append(
+                        (
+                            lock,
+                            "its lease could not be extended (released by "
+                            "somebody else, or already over)",
+                        )
+                    )
+                else:
+                    lock._extended(sent_at)
+        with self._cond:
+            self._due = next_due
+            for lock, _ in lost:
+                self._locks.discard(lock)
+        self.ticks += 1
+        for lock, reason in lost:
+            lock._mark_lost(reason)
+
+    def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
+        """Release every lock still held, one write per collection, within ``timeout``."""
+        groups: dict[LockStore, list[Lock]] = defaultdict(list)
+        for lock in self.held():
+            if lock._take_release():
+                groups[lock.store].append(lock)
+        released = 0
+        for store, group in groups.items():
+            try:
+                with pymongo.timeout(timeout):
+                    released += store.release_many([(lk.key, lk.owner, lk.token) for lk in group])
+            except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+                logger.warning("could not release %d lock(s) at exit: %s", len(group), exc)
+        return released
+
+
+def _interval(ttl: float) -> float:
+    return max(MIN_INTERVAL, ttl / 3)
+
+
+_refresher: Refresher | None = None
+_mutex = threading.Lock()
+_installed = False
+
+
+def get_refresher() -> Refresher:
+    """This process's refresher (a forked child gets a fresh one, with no locks)."""
+    global _refresher
+    refresher = _refresher
+    if refresher is not None and refresher.pid == os.getpid():
+        return refresher
+    with _mutex:
+        if _refresher is None or _refresher.pid != os.getpid():
+            _refresher = Refresher()
+        install()
+        return _refresher
+
+
+def _forget_in_child() -> None:
+    global _refresher, _mutex
+    _refresher = None
+    _mutex = threading.Lock()
+
+
+def shutdown() -> None:
+    """Stop the thread and release this process's locks (runs at interpreter exit)."""
+    refresher = _refresher
+    if refresher is None or refresher.pid != os.getpid():
+        return
+    refresher.stop()
+    refresher.release_all()
+
+
+def install() -> None:
+    """Register the exit and fork hooks once per interpreter; starts no thread."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(shutdown)
+    os.register_at_fork(after_in_child=_forget_in_child)

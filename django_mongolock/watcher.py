@@ -1,0 +1,131 @@
+"""Wakes local waiters when their key is freed, through one change stream.
+
+A key becomes free when its document is deleted (release, force release, or the TTL
+monitor). The watcher thread tails the lock collection's delete events and sets the
+wake-up events of that key's waiters only; they re-check by trying to acquire. While
+the stream is healthy waiters need not poll; when change streams are unavailable or the
+stream breaks, waiters fall back to their jittered back-off and the watcher resumes the
+stream (from its resume token when it can). The thread starts with the first waiter and
+ends after a minute without any.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from django_mongolock.exceptions import MongoLockError
+
+if TYPE_CHECKING:
+    from django_mongolock.store import LockStore
+    from django_mongolock.waiters import Waiters
+
+__all__ = ["Watcher"]
+
+# ChangeStreamFatalError, ChangeStreamHistoryLost: the resume token cannot be used again.
+_HISTORY_LOST = frozenset({280, 286})
+
+logger = logging.getLogger("django_mongolock.watcher")
+
+# How long the server holds an empty getMore: bounds how fast the thread notices stop.
+MAX_AWAIT = 0.5
+# The thread ends after this long with nobody waiting; the next waiter starts it again.
+IDLE_EXIT = 60.0
+
+
+class Watcher:
+    """One change stream on one lock collection, shared by all waiting threads of a process."""
+
+    def __init__(self, store_of: Callable[[], LockStore], waiters: Waiters) -> None:
+        self._store_of = store_of
+        self.waiters = waiters
+        self.pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._healthy_since: float | None = None
+        self.events = 0
+        self.opened = 0
+
+    @property
+    def healthy(self) -> bool:
+        """True while a stream is open: a delete after ``healthy_since`` will be seen."""
+        return self._healthy_since is not None
+
+    def healthy_since(self) -> float | None:
+        """Monotonic time from which every delete event is delivered (None: not healthy)."""
+        return self._healthy_since
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def ensure_running(self) -> None:
+        """Start the thread if it is not running (cheap when it is)."""
+        if self.running or self.pid != os.getpid():
+            return
+        with self._mutex:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="mongolock-watcher", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        resume_token: Any = None
+        failures = 0
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                store = self._store_of()
+                with store.collection.watch(
+                    [{"$match": {"operationType": "delete"}}],
+                    max_await_time_ms=round(MAX_AWAIT * 1000),
+                    resume_after=resume_token,
+                ) as stream:
+                    self._healthy_since = time.monotonic()
+                    self.opened += 1
+                    if failures:
+                        logger.info("change stream resumed; waiters are woken by releases again")
+                    failures = 0
+                    while not self._stop.is_set() and stream.alive:
+                        change = stream.try_next()
+                        resume_token = stream.resume_token
+                        if change is not None:
+                            self.events += 1
+                            self.waiters.notify(change["documentKey"]["_id"])
+                            continue
+                        if len(self.waiters):
+                            idle_since = time.monotonic()
+                        elif time.monotonic() - idle_since > IDLE_EXIT:
+                            return
+            except (PyMongoError, MongoLockError) as exc:
+                if isinstance(exc, OperationFailure) and exc.code in _HISTORY_LOST:
+                    resume_token = None  # the resume point is gone: start afresh
+                failures += 1
+                if failures == 1:
+                    logger.warning("change stream unavailable, waiters poll instead: %s", exc)
+            except Exception:
+                failures += 1
+                logger.exception("change stream failed")
+            finally:
+                self._healthy_since = None
+                # Waiters sleeping on the stream must switch to their back-off now.
+                self.waiters.notify_all()
+            if not self._stop.is_set():
+                self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
+        with self._mutex:
+            self._healthy_since = None

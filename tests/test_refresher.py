@@ -1,0 +1,200 @@
+"""The background refresher: one thread keeps every held lease alive and spots lost ones."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_mongolock import Lock, LockManager
+from django_mongolock.refresher import Refresher, get_refresher
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _holder(url: str, database: str, key: str, ttl: float, mode: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", url, database, key, str(ttl), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("held "), line
+    return process
+
+
+@pytest.fixture
+def refresher() -> Iterator[Refresher]:
+    yield get_refresher()
+
+
+def test_a_lock_held_for_five_times_its_ttl_stays_held(
+    manager: LockManager, other: LockManager, refresher: Refresher
+) -> None:
+    lock = manager.acquire("kept", ttl=0.5)
+    assert lock.refreshable
+    ticks = refresher.ticks
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        assert lock.valid
+        time.sleep(0.1)
+    status = manager.status("kept")
+    assert status is not None
+    assert (status.owner, status.token, status.live) == (lock.owner, lock.token, True)
+    assert refresher.ticks - ticks >= 10  # about three ticks per lease
+    assert lock.valid
+    assert lock.remaining > 0.2
+    # The handle's view of the lease follows the refreshes.
+    assert lock.expires_at > status.now
+    with pytest.raises(Exception, match="held by"):
+        other.acquire("kept", blocking=False)
+    assert lock.release()
+
+
+def test_a_released_lock_is_no_longer_refreshed(
+    manager: LockManager, other: LockManager, refresher: Refresher
+) -> None:
+    lock = manager.acquire("once", ttl=0.3)
+    assert lock in refresher.held()
+    assert lock.release()
+    assert lock not in refresher.held()
+    # A new holder that does not refresh its own lock sees it lapse: nobody else extends it.
+    successor = other.acquire("once", ttl=0.4, refresh=False)
+    time.sleep(0.6)
+    status = other.status("once")
+    assert status is not None
+    assert status.owner == successor.owner
+    assert status.state == "expired"
+
+
+def test_opting_out_per_lock_and_per_manager(
+    manager: LockManager, mongolock_url: str, refresher: Refresher
+) -> None:
+    lock = manager.acquire("manual", ttl=0.3, refresh=False)
+    assert not lock.refreshable
+    assert lock not in refresher.held()
+    with LockManager(mongolock_url, database=manager.database, refresh=False) as quiet:
+        held = quiet.acquire("quiet", ttl=0.3)
+        assert not held.refreshable
+        assert held not in refresher.held()
+        time.sleep(0.4)
+        assert not held.valid
+    time.sleep(0.1)
+    assert not lock.valid
+
+
+def test_a_force_release_is_noticed_within_one_tick(
+    manager: LockManager, other: LockManager, lock_events: list[tuple[str, Any]]
+) -> None:
+    called: list[Lock] = []
+    lock = manager.acquire("forced", ttl=0.6, on_lost=called.append)
+    other.force_release("forced")
+    # One tick is a third of the lease (0.2 s); allow generous scheduling slack.
+    assert lock.lost.wait(2.0)
+    assert not lock.valid
+    assert called == [lock]
+    time.sleep(0.5)  # more ticks: still reported once
+    assert [name for name, _ in lock_events].count("lost") == 1
+    assert [event_lock for name, event_lock in lock_events if name == "lost"] == [lock]
+
+
+def test_one_thread_serves_a_thousand_locks(manager: LockManager, refresher: Refresher) -> None:
+    first = manager.acquire("many-0", ttl=1.5)
+    threads_before = threading.active_count()
+    locks = [first] + [manager.acquire(f"many-{i}", ttl=1.5) for i in range(1, 1000)]
+    assert threading.active_count() == threads_before
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("mongolock-refresher") == 1
+    time.sleep(2.5)  # longer than the lease: only refreshing keeps them
+    assert all(lock.valid for lock in locks)
+    assert manager.count("live", prefix="many-") == 1000
+    # Threads of earlier tests may have ended meanwhile; none was added.
+    assert threading.active_count() <= threads_before
+    assert [t.name for t in threading.enumerate()].count("mongolock-refresher") == 1
+    for lock in locks:
+        lock.release()
+
+
+def _child_touches_parent_lock(lock: Lock, url: str, database: str, queue: Any) -> None:
+    child_refresher = get_refresher()
+    manager = LockManager(url, database=database)
+    try:
+        own = manager.acquire("child-own", ttl=5)
+        queue.put(
+            {
+                "valid": lock.valid,
+                "released": lock.release(),
+                "held_by_refresher": len(child_refresher.held()) - 1,
+                "own_token": own.token,
+                "pid": os.getpid(),
+            }
+        )
+        own.release()
+    finally:
+        manager.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_touch_the_parents_locks(
+    manager: LockManager, mongolock_url: str
+) -> None:
+    lock = manager.acquire("parent", ttl=0.6)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(
+        target=_child_touches_parent_lock, args=(lock, mongolock_url, manager.database, queue)
+    )
+    child.start()
+    result = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert result["pid"] != os.getpid()
+    assert result["valid"] is False
+    assert result["released"] is False
+    assert result["held_by_refresher"] == 0
+    assert result["own_token"] > lock.token
+    time.sleep(1.0)  # past the lease: the parent still refreshes it
+    status = manager.status("parent")
+    assert status is not None
+    assert (status.owner, status.live) == (lock.owner, True)
+    assert lock.valid
+    assert lock.release()
+
+
+def test_a_killed_holder_frees_its_lock_within_ttl_and_one_tick(
+    manager: LockManager, mongolock_url: str
+) -> None:
+    ttl = 1.5
+    process = _holder(mongolock_url, manager.database, "crash", ttl, "sleep")
+    try:
+        time.sleep(ttl)  # refreshed meanwhile: still held
+        status = manager.status("crash")
+        assert status is not None
+        assert status.live
+        os.kill(process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        taken = manager.acquire("crash", timeout=10)
+        waited = time.monotonic() - killed_at
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert taken.token > status.token
+    assert waited <= ttl + ttl / 3 + 0.5
+    taken.release()
+
+
+def test_normal_exit_releases_held_locks(manager: LockManager, mongolock_url: str) -> None:
+    process = _holder(mongolock_url, manager.database, "leaver", 30, "exit")
+    assert process.wait(timeout=30) == 0
+    assert manager.status("leaver") is None

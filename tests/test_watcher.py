@@ -1,0 +1,145 @@
+"""Waiters woken by the release through one change stream, and their fallback to back-off."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_mongolock import Lock, LockManager
+from django_mongolock.watcher import Watcher
+
+
+def _counting(manager: LockManager) -> list[float]:
+    """Record the time of every acquire attempt the manager's store makes."""
+    store = manager.store
+    attempts: list[float] = []
+    real: Callable[..., Any] = store.acquire
+
+    def acquire(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    store.acquire = acquire  # type: ignore[method-assign]
+    return attempts
+
+
+def _wait_in_thread(manager: LockManager, key: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            lock = manager.acquire(key, timeout=timeout)
+        except Exception as exc:  # reported to the test
+            result.append(exc)
+        else:
+            result.append((lock, time.monotonic() - started, time.monotonic()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_a_waiter_wakes_on_release_without_polling(manager: LockManager, other: LockManager) -> None:
+    holder = manager.acquire("stream", ttl=30)
+    attempts = _counting(other)
+    thread, result = _wait_in_thread(other, "stream", timeout=20)
+    deadline = time.monotonic() + 10
+    while not other.watcher.healthy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert other.watcher.healthy
+    time.sleep(2.0)
+    tries_while_waiting = len(attempts)
+    released_at = time.monotonic()
+    assert holder.release()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    lock, _, acquired_at = result[0]
+    assert isinstance(lock, Lock)
+    assert lock.token > holder.token
+    # With a healthy stream the waiter does not poll: a back-off loop would have made
+    # about ten attempts in two seconds.
+    assert tries_while_waiting <= 4
+    assert other.watcher.events >= 1
+    # Woken by the delete event, long before the holder's 30 s lease would have ended.
+    assert acquired_at - released_at < 2.0
+    lock.release()
+
+
+def test_a_release_wakes_only_the_waiters_of_that_key(manager: LockManager, other: LockManager) -> None:
+    first = manager.acquire("key-a", ttl=30)
+    second = manager.acquire("key-b", ttl=30)
+    attempts = _counting(other)
+    thread_a, result_a = _wait_in_thread(other, "key-a", timeout=20)
+    thread_b, result_b = _wait_in_thread(other, "key-b", timeout=3)
+    deadline = time.monotonic() + 10
+    while not other.watcher.healthy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)
+    before = len(attempts)
+    first.release()
+    thread_a.join(timeout=10)
+    assert isinstance(result_a[0][0], Lock)
+    time.sleep(0.5)
+    # key-a's waiter tried once more and won; key-b's waiter was not woken.
+    assert len(attempts) - before == 1
+    thread_b.join(timeout=10)
+    assert isinstance(result_b[0], Exception)
+    result_a[0][0].release()
+    second.release()
+
+
+def test_waiters_still_acquire_when_the_stream_is_down(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    holder = manager.acquire("no-stream", ttl=30)
+    attempts = _counting(other)
+    thread, result = _wait_in_thread(other, "no-stream", timeout=20)
+    time.sleep(1.5)
+    assert not other.watcher.healthy
+    # Without the stream the waiter backs off: several attempts, but no hammering.
+    assert 3 <= len(attempts) <= 20
+    holder.release()
+    thread.join(timeout=10)
+    lock, _, _ = result[0]
+    assert isinstance(lock, Lock)
+    lock.release()
+
+
+def test_the_watcher_is_one_thread_shared_by_all_waiters(
+    manager: LockManager, other: LockManager
+) -> None:
+    holder = manager.acquire("crowd", ttl=30)
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+
+    def take_and_hand_on() -> None:
+        try:
+            with other.lock("crowd", timeout=30) as lock:
+                tokens.append(lock.token)
+                time.sleep(0.05)
+        except BaseException as exc:  # reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=take_and_hand_on) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(other.waiters) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(other.waiters) == 5
+    names = [thread.name for thread in threading.enumerate()]
+    assert names.count("mongolock-watcher") == 1
+    holder.release()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert len(tokens) == 5
+    assert tokens == sorted(tokens)
+    assert tokens[0] > holder.token
+    assert other.watcher.opened == 1
