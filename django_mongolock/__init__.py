@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_mongolock.context import current_lock
+from django_mongolock.decorators import BUSY_EXIT_CODE, locked
 from django_mongolock.exceptions import (
     ConfigurationError,
     LockLost,
@@ -19,6 +21,7 @@ from django_mongolock.store import LockInfo
 __version__ = "0.1.0"
 
 __all__ = [
+    "BUSY_EXIT_CODE",
     "ConfigurationError",
     "Lock",
     "LockContext",
@@ -30,6 +33,8 @@ __all__ = [
     "ReplicaSetRequired",
     "ServerUnavailable",
     "__version__",
+    "current_lock",
+    "locked",
     "locks",
 ]
 

@@ -542,7 +542,9 @@ class MongoReplicaSet:
             time.sleep(0.1)
 
     def _healthy(self, primary: MongoNode | None) -> bool:
-        leaders = [node for node in self.nodes if (self._hello(node) or {}).get("isWritablePrimary")]
+        leaders = [
+            node for node in self.nodes if (self._hello(node) or {}).get("isWritablePrimary")
+        ]
         if len(leaders) != 1 or (primary is not None and leaders[0] is not primary):
             return False
         try:

@@ -113,7 +113,7 @@ def test_one_thread_serves_a_thousand_locks(manager: LockManager, refresher: Ref
     first = manager.acquire("many-0", ttl=1.5)
     threads_before = threading.active_count()
     locks = [first] + [manager.acquire(f"many-{i}", ttl=1.5) for i in range(1, 1000)]
-    assert threading.active_count() == threads_before
+    assert threading.active_count() <= threads_before
     names = [t.name for t in threading.enumerate()]
     assert names.count("mongolock-refresher") == 1
     time.sleep(2.5)  # longer than the lease: only refreshing keeps them
