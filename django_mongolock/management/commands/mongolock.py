@@ -1,0 +1,351 @@
+"""``manage.py mongolock``: list and inspect locks, and force-release a stuck one."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from argparse import SUPPRESS, ArgumentParser
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, Final
+
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+)
+
+from django_mongolock import conf
+from django_mongolock.decorators import BUSY_EXIT_CODE
+from django_mongolock.exceptions import MongoLockError
+from django_mongolock.manager import LockManager
+from django_mongolock.store import LockInfo, Order, State
+from django_mongolock.validation import validate_key
+
+RELEASE: Final = "release"
+LIST: Final = "list"
+STATUS: Final = "status"
+
+EXIT_OK: Final = 0
+EXIT_NO_LOCK: Final = 1
+EXIT_ERROR: Final = 2
+
+# Column widths come from the first rows only, so that a listing of any length streams;
+# a longer value later overflows its column instead of being cut (keys must stay whole
+# to be copied into `mongolock release`).
+_WIDTH_SAMPLE: Final = 1000
+_MAX_KEY_WIDTH: Final = 60
+_MAX_OWNER_WIDTH: Final = 48
+
+_ORDERS: Final[dict[tuple[str, bool], Order]] = {
+    ("key", False): "key",
+    ("key", True): "-key",
+    ("expires", False): "expires",
+    ("expires", True): "-expires",
+    ("acquired", False): "acquired",
+    ("acquired", True): "-acquired",
+}
+
+EXIT_CODES: Final = f"""\
+exit status:
+  {EXIT_OK}   done
+  {EXIT_NO_LOCK}   no such lock (release, status)
+  {EXIT_ERROR}   MongoDB could not be reached or refused; invalid settings or arguments
+  {BUSY_EXIT_CODE}  (from commands decorated with @locked) the lock was busy: try again later
+"""
+
+EPILOG: Final = f"""\
+examples:
+  python manage.py mongolock list                         live locks, as a table
+  python manage.py mongolock list --all --prefix invoice-
+  python manage.py mongolock list --expired --json        expired locks, as JSON lines
+  python manage.py mongolock status report-gen
+  python manage.py mongolock release report-gen           the holder loses the lock
+
+{EXIT_CODES}"""
+
+
+class _HelpFormatter(DjangoHelpFormatter):
+    """Django's option order; text with line breaks (examples, exit codes) kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+class Command(BaseCommand):
+    help = (
+        "List and inspect django-mongolock locks, and force-release a stuck one "
+        "(the holder then finds its lock lost at its next refresh)."
+    )
+    # Runs when the checks fail (say, MongoDB is down): that is when operators need it.
+    requires_system_checks: list[str] = []
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("epilog", EPILOG)
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(
+            dest="subcommand", required=True, metavar="subcommand", title="subcommands"
+        )
+
+        release = commands.add_parser(
+            RELEASE,
+            help="force-release a lock, whoever holds it",
+            description="Remove the lock KEY whoever holds it and print who held it. The "
+            "former holder sees its lock as lost at its next refresh; its fencing token is "
+            "stale from now on. Exits 1 when there is no such lock.",
+            epilog=EXIT_CODES,
+            formatter_class=_HelpFormatter,
+        )
+        _shared_options(release)
+        release.add_argument("key", metavar="KEY", help="the lock's key")
+        release.add_argument(
+            "--token",
+            type=int,
+            metavar="TOKEN",
+            help="release only while the lock still has this fencing token (so that a "
+            "holder that took it since is left alone)",
+        )
+
+        listing = commands.add_parser(
+            LIST,
+            help="list locks as a table or as JSON lines",
+            description="List locks, streamed from the server in batches (any number of "
+            "them). Times are relative to the server's clock.",
+            epilog=EXIT_CODES,
+            formatter_class=_HelpFormatter,
+        )
+        _shared_options(listing)
+        states = listing.add_mutually_exclusive_group()
+        for state, text in (
+            ("live", "only locks whose lease is running (the default)"),
+            ("expired", "only expired locks (their holder died or lost them)"),
+            ("all", "live and expired locks"),
+        ):
+            states.add_argument(
+                f"--{state}", dest="state", action="store_const", const=state, help=text
+            )
+        listing.set_defaults(state="live")
+        listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
+        listing.add_argument("--owner", metavar="TEXT", help="only owners that contain TEXT")
+        listing.add_argument(
+            "--order",
+            choices=tuple(dict.fromkeys(name for name, _ in _ORDERS)),
+            default="key",
+            help="sort by key (the default), lease end or acquisition time",
+        )
+        listing.add_argument("--reverse", action="store_true", help="sort descending")
+        listing.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="one JSON object per line (LockInfo.as_dict()) instead of a table",
+        )
+
+        status = commands.add_parser(
+            STATUS,
+            help="show one lock in detail",
+            description="Show the lock KEY: holder, fencing token, and its times. An "
+            "expired lock is shown as expired (exit 0); exits 1 when there is none.",
+            epilog=EXIT_CODES,
+            formatter_class=_HelpFormatter,
+        )
+        _shared_options(status)
+        status.add_argument("key", metavar="KEY", help="the lock's key")
+        status.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="one JSON object (LockInfo.as_dict()) instead of text",
+        )
+
+    def handle(self, *args: Any, subcommand: str, verbosity: int, **options: Any) -> None:
+        try:
+            key = validate_key(options["key"]) if subcommand in (RELEASE, STATUS) else ""
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
+        try:
+            manager = conf.get_manager()
+            if subcommand == RELEASE:
+                self._release(manager, key, options["token"], verbosity)
+            elif subcommand == STATUS:
+                self._status(manager, key, options["as_json"], verbosity)
+            else:
+                order: str = options["order"]
+                self._list(
+                    manager,
+                    options["state"],
+                    options["prefix"],
+                    options["owner"],
+                    _ORDERS[order, options["reverse"]],
+                    options["as_json"],
+                    verbosity,
+                )
+        except MongoLockError as exc:
+            raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
+
+    # -- subcommands -------------------------------------------------------------------------
+
+    def _release(self, manager: LockManager, key: str, token: int | None, verbosity: int) -> None:
+        info = manager.force_release(key, token=token)
+        if info is None:
+            current = manager.status(key) if token is not None else None
+            if current is not None:
+                raise CommandError(
+                    f"lock {key!r} now has token {current.token}, not {token} "
+                    f"(held by {current.owner}); nothing released",
+                    returncode=EXIT_NO_LOCK,
+                )
+            raise CommandError(f"no lock {key!r}", returncode=EXIT_NO_LOCK)
+        if verbosity < 1:
+            return
+        if info.live:
+            head = self.style.SUCCESS(f"Released {key!r}")
+            lease = f"its lease would have ended {_relative(info.remaining)}"
+        else:
+            head = self.style.SUCCESS(f"Removed the expired lock {key!r}")
+            lease = f"its lease ended {_relative(info.remaining)}"
+        self.stdout.write(
+            f"{head}: held by {info.owner} (token {info.token}), acquired "
+            f"{_relative(-_age(info))}; {lease}."
+        )
+
+    def _status(self, manager: LockManager, key: str, as_json: bool, verbosity: int) -> None:
+        info = manager.status(key)
+        if info is None:
+            raise CommandError(f"no lock {key!r}", returncode=EXIT_NO_LOCK)
+        if verbosity < 1:
+            return
+        if as_json:
+            self.stdout.write(json.dumps(info.as_dict()))
+            return
+        refreshed = (info.refreshed_at - info.now).total_seconds()
+        rows = (
+            ("key", info.key),
+            ("state", self._state(info, width=0)),
+            ("owner", info.owner),
+            ("token", str(info.token)),
+            ("acquired", f"{_timestamp(info.acquired_at)} ({_relative(-_age(info))})"),
+            ("refreshed", f"{_timestamp(info.refreshed_at)} ({_relative(refreshed)})"),
+            (
+                "expires" if info.live else "expired",
+                f"{_timestamp(info.expires_at)} ({_relative(info.remaining)})",
+            ),
+            ("ttl", f"{info.ttl:g}s"),
+            ("server time", _timestamp(info.now)),
+        )
+        for label, value in rows:
+            self.stdout.write(f"{label + ':':<13}{value}")
+
+    def _list(
+        self,
+        manager: LockManager,
+        state: State,
+        prefix: str | None,
+        owner: str | None,
+        order: Order,
+        as_json: bool,
+        verbosity: int,
+    ) -> None:
+        if verbosity < 1:
+            manager.count(state, prefix, owner)  # still report a server that cannot answer
+            return
+        rows = manager.iter_locks(state, prefix, owner=owner, order=order)
+        try:
+            if as_json:
+                for info in rows:
+                    self.stdout.write(json.dumps(info.as_dict()))
+            else:
+                self._table(rows, state)
+        except BrokenPipeError:
+            # `mongolock list | head`: the reader left; stop quietly, as Unix tools do.
+            _detach_stdout()
+
+    def _table(self, rows: Iterator[LockInfo], state: State) -> None:
+        sample = list(itertools.islice(rows, _WIDTH_SAMPLE))
+        if not sample:
+            self.stdout.write(f"No {'' if state == 'all' else state + ' '}locks.")
+            return
+        key_width = min(_MAX_KEY_WIDTH, max(3, *(len(info.key) for info in sample)))
+        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(info.owner) for info in sample)))
+        token_width = max(5, *(len(str(info.token)) for info in sample))
+        header = (
+            f"{'KEY':<{key_width}}  {'STATE':<7}  {'OWNER':<{owner_width}}  "
+            f"{'TOKEN':>{token_width}}  {'ACQUIRED':<9}  EXPIRES"
+        )
+        self.stdout.write(self.style.MIGRATE_HEADING(header))
+        count = 0
+        for info in itertools.chain(sample, rows):
+            self.stdout.write(
+                f"{info.key:<{key_width}}  {self._state(info, 7)}  {info.owner:<{owner_width}}  "
+                f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
+                f"{_relative(info.remaining)}"
+            )
+            count += 1
+        self.stdout.write(f"{count} {'' if state == 'all' else state + ' '}lock{_s(count)}")
+
+    def _state(self, info: LockInfo, width: int) -> str:
+        text = f"{info.state:<{width}}"
+        return self.style.SUCCESS(text) if info.live else self.style.WARNING(text)
+
+
+def _shared_options(parser: ArgumentParser) -> None:
+    """Accept Django's common options after the subcommand too (``mongolock list -v0``).
+
+    Given there, they override the ones before it; not given, they leave those alone.
+    """
+    parser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=SUPPRESS,
+        help="0: errors only (the exit status tells the rest), 1: normal output",
+    )
+    for flag in ("--traceback", "--no-color", "--force-color"):
+        parser.add_argument(flag, action="store_true", default=SUPPRESS, help=SUPPRESS)
+
+
+def _age(info: LockInfo) -> float:
+    """Seconds since the lock was acquired, by the server's clock."""
+    return (info.now - info.acquired_at).total_seconds()
+
+
+def _relative(seconds: float) -> str:
+    """``in 12s`` ahead, ``3m ago`` behind: the largest whole unit, as people read a clock."""
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    unit, length = next(
+        (unit, length)
+        for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+        if size >= length
+    )
+    text = f"{int(size // length)}{unit}"
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def _timestamp(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
