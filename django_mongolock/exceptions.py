@@ -29,12 +29,17 @@ class LockNotAcquired(MongoLockError):
         expires_at: datetime | None = None,
         *,
         waited: float | None = None,
+        waiting: int = 0,
     ) -> None:
         self.key = key
         self.holder = holder
         self.expires_at = expires_at
         self.waited = waited
-        message = f"lock {key!r} is held"
+        self.waiting = waiting
+        if holder is None and waiting:
+            message = f"lock {key!r} is free, but {waiting} waiter(s) are ahead in line"
+        else:
+            message = f"lock {key!r} is held"
         if holder is not None:
             message += f" by {holder}"
         if expires_at is not None:

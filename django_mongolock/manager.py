@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI
 
-from django_mongolock.exceptions import ConfigurationError, LockNotAcquired
+from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
@@ -82,7 +82,7 @@ class LockManager:
             server_selection_timeout, name="server_selection_timeout"
         )
         self.owner = owner
-        self.waiters = Waiters()
+        self._waiters = Waiters()
         self._given_client = client
         self._client: MongoClient[Any] | None = None
         self._store: LockStore | None = None
@@ -139,14 +139,25 @@ class LockManager:
             raise ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
 
     @property
+    def waiters(self) -> Waiters:
+        """This process's blocked acquirers, by key (a forked child starts with none)."""
+        waiters = self._waiters
+        if waiters.pid != os.getpid():
+            with self._build_mutex:
+                if self._waiters.pid != os.getpid():
+                    self._waiters = Waiters()
+                waiters = self._waiters
+        return waiters
+
+    @property
     def watcher(self) -> Watcher:
         """This process's change stream watcher for the lock collection (started on need)."""
         watcher = self._watcher
         if watcher is None or watcher.pid != os.getpid():
+            waiters = self.waiters
             with self._build_mutex:
                 if self._watcher is None or self._watcher.pid != os.getpid():
-                    self.waiters = Waiters()
-                    self._watcher = Watcher(lambda: self.store, self.waiters)
+                    self._watcher = Watcher(lambda: self.store, waiters)
                 watcher = self._watcher
         return watcher
 
@@ -201,12 +212,18 @@ class LockManager:
         limit = validate_timeout(timeout, blocking=blocking)
         store = self.store
         owner = self.new_owner()
-        sent_at = time.monotonic()
-        info = store.acquire(key, owner, lease)
-        if info.owner != owner:
-            if limit == 0:
-                raise LockNotAcquired(key, info.owner, info.expires_at)
-            sent_at, info = self._wait(key, owner, lease, limit, sent_at, info)
+        if limit == 0:
+            sent_at = time.monotonic()
+            info = store.acquire(key, owner, lease)
+            if info.owner != owner:
+                raise _busy(info)
+        else:
+            # Subscribe before the first attempt: a release right after it must wake us.
+            with self.waiters.subscribe(key) as wake:
+                sent_at = time.monotonic()
+                info = store.acquire(key, owner, lease, queue=True)
+                if info.owner != owner:
+                    sent_at, info = self._wait(key, owner, lease, limit, sent_at, info, wake)
         keep = self.refresh if refresh is None else refresh
         if type(keep) is not bool:
             raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
@@ -224,6 +241,7 @@ class LockManager:
         limit: float | None,
         sent_at: float,
         info: LockInfo,
+        wake: threading.Event,
     ) -> tuple[float, LockInfo]:
         """Retry until ``key`` is ours: woken by a release, the holder's lease end, or back-off.
 
@@ -236,31 +254,37 @@ class LockManager:
         store = self.store
         watcher = self.watcher
         attempt = 0
-        with self.waiters.subscribe(key) as wake:
+        watcher.ensure_running()
+        while True:
+            since = watcher.healthy_since()
+            if info.held and since is not None and since <= sent_at:
+                delay = max(info.remaining, 0.0) + 0.001
+            else:
+                # No stream to wake us, or the lock is free with others ahead in line.
+                backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)
+                delay = backoff * random.uniform(0.5, 1.0)
+                if info.held:
+                    delay = min(delay, max(info.remaining, 0.0) + 0.001)
+                attempt = min(attempt + 1, 16)
+            now = time.monotonic()
+            if deadline is not None:
+                if now >= deadline:
+                    self._leave_queue(key, owner)
+                    raise _busy(info, waited=now - started)
+                delay = min(delay, deadline - now)
+            wake.wait(delay)
+            wake.clear()
             watcher.ensure_running()
-            while True:
-                lease_end = max(info.remaining, 0.0) + 0.001
-                since = watcher.healthy_since()
-                if since is not None and since <= sent_at:
-                    delay = lease_end
-                else:
-                    backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)
-                    delay = min(lease_end, backoff * random.uniform(0.5, 1.0))
-                    attempt = min(attempt + 1, 16)
-                now = time.monotonic()
-                if deadline is not None:
-                    if now >= deadline:
-                        raise LockNotAcquired(
-                            key, info.owner, info.expires_at, waited=now - started
-                        )
-                    delay = min(delay, deadline - now)
-                wake.wait(delay)
-                wake.clear()
-                watcher.ensure_running()
-                sent_at = time.monotonic()
-                info = store.acquire(key, owner, lease)
-                if info.owner == owner:
-                    return sent_at, info
+            sent_at = time.monotonic()
+            info = store.acquire(key, owner, lease, queue=True)
+            if info.owner == owner:
+                return sent_at, info
+
+    def _leave_queue(self, key: str, owner: str) -> None:
+        try:
+            self.store.leave_queue(key, owner)
+        except MongoLockError as exc:  # the place lapses by itself soon
+            logger.info("could not leave the line of %r: %s", key, exc)
 
     def lock(
         self,
@@ -396,6 +420,12 @@ class LockContext:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.__exit__(exc_type, exc, tb)
+
+
+def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
+    if info.held:
+        return LockNotAcquired(info.key, info.owner, info.expires_at, waited=waited)
+    return LockNotAcquired(info.key, None, None, waited=waited, waiting=info.waiting)
 
 
 def _check_page(limit: int | None, offset: int) -> None:

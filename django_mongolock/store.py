@@ -56,8 +56,24 @@ _CLUSTER_TOKEN: Final = {
     ]
 }
 _FIELDS: Final = ("owner", "token", "acquired_at", "refreshed_at", "expires_at", "ttl")
-_PROJECTION: Final = {**dict.fromkeys(_FIELDS, 1), "now": "$$NOW"}
 _LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
+# Waiters in line whose place has not lapsed.
+_LIVE_WAITERS: Final = {
+    "$filter": {
+        "input": {"$ifNull": ["$waiters", []]},
+        "as": "w",
+        "cond": {"$gt": ["$$w.until", "$$NOW"]},
+    }
+}
+_PROJECTION: Final = {
+    **dict.fromkeys(_FIELDS, 1),
+    "now": "$$NOW",
+    "waiting": {"$size": _LIVE_WAITERS},
+}
+# A released document kept for its waiters' line has no owner: it is no lock.
+_HELD: Final = {"owner": {"$ne": None}}
+# How long after the lease end it waits for a waiter keeps its place in line (ms).
+_PLACE_GRACE_MS: Final = 2000
 _SORTS: Final[Mapping[str, list[tuple[str, int]]]] = {
     "key": [("_id", ASCENDING)],
     "-key": [("_id", DESCENDING)],
@@ -83,6 +99,12 @@ class LockInfo:
     expires_at: datetime
     ttl: float
     now: datetime
+    waiting: int = 0
+
+    @property
+    def held(self) -> bool:
+        """Somebody holds it (it may be free, with waiters in line, after a release)."""
+        return bool(self.owner)
 
     @property
     def live(self) -> bool:
@@ -109,6 +131,7 @@ class LockInfo:
             "expires_at": self.expires_at.isoformat(),
             "ttl": self.ttl,
             "remaining": round(self.remaining, 3),
+            "waiting": self.waiting,
             "server_time": self.now.isoformat(),
         }
 
@@ -117,13 +140,14 @@ class LockInfo:
         epoch = datetime.fromtimestamp(0, UTC)
         return cls(
             key=doc["_id"],
-            owner=str(doc.get("owner", "")),
+            owner=str(doc.get("owner") or ""),
             token=int(doc.get("token", 0)),
             acquired_at=doc.get("acquired_at", epoch),
             refreshed_at=doc.get("refreshed_at", doc.get("acquired_at", epoch)),
             expires_at=doc.get("expires_at", epoch),
             ttl=float(doc.get("ttl", 0.0)),
             now=doc["now"],
+            waiting=int(doc.get("waiting", 0)),
         )
 
 
@@ -215,46 +239,95 @@ class LockStore:
 
     # -- the holder's operations -------------------------------------------------------------
 
-    def acquire(self, key: str, owner: str, ttl: float) -> LockInfo:
+    def acquire(self, key: str, owner: str, ttl: float, *, queue: bool = False) -> LockInfo:
         """Take ``key`` for ``owner`` unless a live lease holds it: one round trip either way.
 
         Returns the document after the update: the caller holds the lock when its owner is
-        ``owner``; otherwise it names the current holder and when its lease ends.
+        ``owner``; otherwise it names the current holder and when its lease ends. With
+        ``queue`` (a blocking acquirer), a caller that does not get the lock joins the
+        document's line of waiters, and a free lock goes to the first live waiter in
+        line, so a releaser cannot grab its lock straight back from those who waited.
         """
+        me = {"$literal": owner}
         taken = {
             "_id": "$_id",
             "key": "$_id",
-            "owner": {"$literal": owner},
+            "owner": me,
             "token": {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, _CLUSTER_TOKEN]},
             "acquired_at": "$$NOW",
             "refreshed_at": "$$NOW",
             "expires_at": {"$add": ["$$NOW", round(ttl * 1000)]},
             "ttl": ttl,
+            "waiters": {"$filter": {"input": "$_q", "as": "w", "cond": {"$ne": ["$$w.owner", me]}}},
         }
+        if queue:
+            # A waiter's place lapses if it has not tried again by shortly after the lease
+            # end it was told to wait for (it wakes at that lease end at the latest).
+            until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, _PLACE_GRACE_MS]}
+            busy: Any = {
+                "$mergeObjects": [
+                    "$$ROOT",
+                    {
+                        "waiters": {
+                            "$cond": [
+                                {"$in": [me, "$_q.owner"]},
+                                {
+                                    "$map": {
+                                        "input": "$_q",
+                                        "as": "w",
+                                        "in": {
+                                            "$cond": [
+                                                {"$eq": ["$$w.owner", me]},
+                                                {"owner": me, "until": until},
+                                                "$$w",
+                                            ]
+                                        },
+                                    }
+                                },
+                                {"$concatArrays": ["$_q", [{"owner": me, "until": until}]]},
+                            ]
+                        }
+                    },
+                ]
+            }
+        else:
+            busy = "$$ROOT"
         # A missing expires_at sorts below every date, so a fresh upsert takes the lock.
-        pipeline = [
-            {"$replaceWith": {"$cond": [{"$lte": ["$expires_at", "$$NOW"]}, taken, "$$ROOT"]}}
+        free = {"$lte": ["$expires_at", "$$NOW"]}
+        my_turn = {
+            "$or": [
+                {"$eq": [{"$size": "$_q"}, 0]},
+                {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
+            ]
+        }
+        pipeline: list[dict[str, Any]] = [
+            {"$set": {"_q": _LIVE_WAITERS}},
+            {"$replaceWith": {"$cond": [{"$and": [free, my_turn]}, taken, busy]}},
+            {"$unset": "_q"},
         ]
         with self._translate:
             try:
-                doc = self.collection.find_one_and_update(
-                    {"_id": key},
-                    pipeline,
-                    projection=_PROJECTION,
-                    upsert=True,
-                    return_document=ReturnDocument.AFTER,
-                )
+                doc = self._acquire_once(key, pipeline)
             except DuplicateKeyError:
                 # Two upserts raced to create the document; the loser simply tries again.
-                doc = self.collection.find_one_and_update(
-                    {"_id": key},
-                    pipeline,
-                    projection=_PROJECTION,
-                    upsert=True,
-                    return_document=ReturnDocument.AFTER,
-                )
-        assert doc is not None  # an upsert with AFTER always returns the document
+                doc = self._acquire_once(key, pipeline)
         return LockInfo.from_document(doc)
+
+    def _acquire_once(self, key: str, pipeline: list[dict[str, Any]]) -> Mapping[str, Any]:
+        doc = self.collection.find_one_and_update(
+            {"_id": key},
+            pipeline,
+            projection=_PROJECTION,
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+        )
+        assert doc is not None  # an upsert with AFTER always returns the document
+        return doc  # type: ignore[no-any-return]
+
+    def leave_queue(self, key: str, owner: str) -> None:
+        """Give up a waiter's place in line (it stopped waiting)."""
+        with self._translate:
+            self.collection.update_one({"_id": key}, {"$pull": {"waiters": {"owner": owner}}})
 
     def refresh(self, key: str, owner: str, token: int, ttl: float) -> LockInfo | None:
         """Extend a live lease held by ``owner``/``token``; None when it is no longer held."""
@@ -276,15 +349,33 @@ class LockStore:
         return None if doc is None else LockInfo.from_document(doc)
 
     def release(self, key: str, owner: str, token: int) -> bool:
-        """Delete the holder's document; True only if its lease had not ended yet.
+        """Give the holder's lock up; True only if its lease had not ended yet.
 
-        The filter on owner and token means a release can never remove somebody else's lock.
+        Without waiters in line the document is deleted (one round trip). With waiters
+        it is kept, free, so that their line survives; the change stream wakes them
+        either way. The filter on owner and token means a release can never touch
+        somebody else's lock.
         """
+        mine = {"_id": key, "owner": owner, "token": token}
         with self._translate:
             doc = self.collection.find_one_and_delete(
-                {"_id": key, "owner": owner, "token": token},
-                projection={"_id": 0, "live": _LIVE},
+                {**mine, "waiters.0": {"$exists": False}}, projection={"_id": 0, "live": _LIVE}
             )
+            if doc is None:
+                doc = self.collection.find_one_and_update(
+                    mine,
+                    [
+                        {
+                            "$set": {
+                                "owner": None,
+                                "released_at": "$$NOW",
+                                "expires_at": {"$min": ["$expires_at", "$$NOW"]},
+                            }
+                        }
+                    ],
+                    projection={"_id": 0, "live": _LIVE},
+                    return_document=ReturnDocument.BEFORE,
+                )
         return bool(doc is not None and doc.get("live"))
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
@@ -339,7 +430,7 @@ class LockStore:
 
     def force_release(self, key: str, token: int | None = None) -> LockInfo | None:
         """Delete ``key`` whoever holds it (only at ``token`` when given); the removed lock."""
-        query: dict[str, Any] = {"_id": key}
+        query: dict[str, Any] = {"_id": key, **_HELD}
         if token is not None:
             query["token"] = token
         with self._translate:
@@ -349,12 +440,12 @@ class LockStore:
     def find(self, key: str) -> LockInfo | None:
         """The document of ``key`` (live or expired), read at majority."""
         with self._translate:
-            doc = self.collection.find_one({"_id": key}, projection=_PROJECTION)
+            doc = self.collection.find_one({"_id": key, **_HELD}, projection=_PROJECTION)
         return None if doc is None else LockInfo.from_document(doc)
 
     @staticmethod
     def _query(state: State, prefix: str | None, owner: str | None = None) -> dict[str, Any]:
-        query: dict[str, Any] = {}
+        query: dict[str, Any] = dict(_HELD)
         if prefix:
             query["_id"] = {"$regex": "^" + re.escape(prefix)}
         if owner:
@@ -406,7 +497,8 @@ class LockStore:
         """Live, expired and expiring-within-``soon``-seconds counts, in one pass on the server."""
         live = _LIVE
         soon_ms = round(soon * 1000)
-        pipeline = [
+        pipeline: list[dict[str, Any]] = [
+            {"$match": _HELD},
             {
                 "$group": {
                     "_id": None,
@@ -427,7 +519,7 @@ class LockStore:
                         }
                     },
                 }
-            }
+            },
         ]
         with self._translate:
             rows = list(self.collection.aggregate(pipeline))

@@ -7,6 +7,7 @@ key only, so the waiters try again at once instead of at their next poll.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ class Waiters:
     """Per-key wake-up events shared by all threads of one process."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self._mutex = threading.Lock()
         self._events: dict[str, set[threading.Event]] = {}
 

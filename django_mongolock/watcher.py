@@ -1,12 +1,13 @@
 """Wakes local waiters when their key is freed, through one change stream.
 
-A key becomes free when its document is deleted (release, force release, or the TTL
-monitor). The watcher thread tails the lock collection's delete events and sets the
-wake-up events of that key's waiters only; they re-check by trying to acquire. While
-the stream is healthy waiters need not poll; when change streams are unavailable or the
-stream breaks, waiters fall back to their jittered back-off and the watcher resumes the
-stream (from its resume token when it can). The thread starts with the first waiter and
-ends after a minute without any.
+A key becomes free when its document is deleted (release, force release, the TTL
+monitor), or when a release frees it but keeps it for the waiters in line. The watcher
+thread tails those events on the lock collection and sets the wake-up events of that
+key's waiters only; they re-check by trying to acquire. While the stream is healthy
+waiters need not poll; when change streams are unavailable or the stream breaks,
+waiters fall back to their jittered back-off and the watcher resumes the stream (from
+its resume token when it can). The thread starts with the first waiter and ends after
+a minute without any.
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Watcher"]
 
+# A key is freed by a delete, or by a release that keeps the document for its waiters.
+_FREED = [
+    {
+        "$match": {
+            "$or": [
+                {"operationType": "delete"},
+                {
+                    "operationType": "update",
+                    "updateDescription.updatedFields.released_at": {"$exists": True},
+                },
+            ]
+        }
+    }
+]
 # ChangeStreamFatalError, ChangeStreamHistoryLost: the resume token cannot be used again.
 _HISTORY_LOST = frozenset({280, 286})
 
@@ -92,7 +107,7 @@ class Watcher:
             try:
                 store = self._store_of()
                 with store.collection.watch(
-                    [{"$match": {"operationType": "delete"}}],
+                    _FREED,
                     max_await_time_ms=round(MAX_AWAIT * 1000),
                     resume_after=resume_token,
                 ) as stream:
