@@ -210,6 +210,9 @@ class LockManager:
         key = validate_key(key)
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         limit = validate_timeout(timeout, blocking=blocking)
+        keep = self.refresh if refresh is None else refresh
+        if type(keep) is not bool:
+            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
         store = self.store
         owner = self.new_owner()
         if limit == 0:
@@ -224,9 +227,6 @@ class LockManager:
                 info = store.acquire(key, owner, lease, queue=True)
                 if info.owner != owner:
                     sent_at, info = self._wait(key, owner, lease, limit, sent_at, info, wake)
-        keep = self.refresh if refresh is None else refresh
-        if type(keep) is not bool:
-            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
         lock = Lock(self, info, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)

@@ -85,6 +85,7 @@ def test_bad_manager_ttl_is_refused(ttl: Any, error: type[Exception]) -> None:
         ({"timeout": 0, "blocking": False}, ValueError, "blocking=False"),
         ({"blocking": "yes"}, TypeError, "blocking"),
         ({"blocking": None}, TypeError, "blocking"),
+        ({"refresh": "yes"}, TypeError, "refresh"),
     ],
 )
 def test_bad_timeouts_are_refused(

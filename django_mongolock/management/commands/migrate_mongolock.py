@@ -49,7 +49,7 @@ class Command(BaseCommand):
                 status = styles[item.action](item.action)
                 self.stdout.write(f"{target}: {item.description:<{width}}  {status}{detail}")
         problems = [
-            f"{item.description} is {item.action}"
+            f"{item.description} is " + ("missing" if item.action == "missing" else "out of date")
             for item in plan
             if item.action in {"missing", "differs"}
         ]
