@@ -17,6 +17,7 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import logging
 import os
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -47,6 +49,7 @@ __all__ = [
     "MongodNotFound",
     "ReplicaSetError",
     "find_mongod",
+    "free_port",
     "main",
     "mongolock_replica_set_url",
 ]
@@ -108,11 +111,15 @@ def _wheel_mongod() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+_free_port = free_port  # the name tests/conftest.py imported first
 
 
 def _tail(path: str, lines: int = 25) -> str:
@@ -239,7 +246,11 @@ class MongoReplicaSet:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> MongoReplicaSet:
-        """Start the nodes, initiate the set and wait for a writable primary; idempotent."""
+        """Start the nodes, initiate the set and wait for a writable primary.
+
+        Does nothing while started; after :meth:`stop`, starts anew (on the same data when
+        ``dbpaths`` were given).
+        """
         if self._started:
             return self
         binary = self._mongod or find_mongod()
@@ -250,6 +261,7 @@ class MongoReplicaSet:
         atexit.register(self.stop)
         try:
             deadline = time.monotonic() + self._startup_timeout
+            self.nodes = []
             for index in range(self._size):
                 self.nodes.append(self._new_node(index))
             for node in self.nodes:
@@ -265,8 +277,12 @@ class MongoReplicaSet:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every node (SIGTERM, then SIGKILL after ``timeout``) and remove temp dirs."""
+        """Stop every node (SIGTERM, then SIGKILL after ``timeout``) and remove temp dirs.
+
+        ``nodes`` stay readable afterwards, for tests that check what was left behind.
+        """
         atexit.unregister(self.stop)
+        self._started = False
         for client in self._clients.values():
             client.close()
         self._clients.clear()
@@ -368,7 +384,7 @@ class MongoReplicaSet:
         else:
             dbpath = tempfile.mkdtemp(prefix=f"mongolock-{self.name}-{index}-")
             self._tempdirs.append(dbpath)
-        port = self._ports[index] if self._ports is not None else _free_port()
+        port = self._ports[index] if self._ports is not None else free_port()
         return MongoNode(host=LOOPBACK, port=port, dbpath=dbpath)
 
     def _command_line(self, node: MongoNode) -> list[str]:
@@ -410,7 +426,7 @@ class MongoReplicaSet:
                 tail = _tail(node.log_path)
                 if fixed_port or "Address already in use" not in tail:
                     raise
-                node.port = _free_port()
+                node.port = free_port()
             else:
                 return
         raise ReplicaSetError(f"no free port found for mongod {node.dbpath}")
@@ -428,13 +444,18 @@ class MongoReplicaSet:
             raise ReplicaSetError(f"cannot run mongod {self._binary!r}: {exc}") from exc
 
     def _wait_listening(self, node: MongoNode, deadline: float) -> None:
+        """Wait until the node answers ``hello``; a bare TCP connect could reach another
+        program that holds the port while our mongod is failing to bind it."""
         while True:
             self._check_alive(node)
             try:
                 with socket.create_connection((node.host, node.port), timeout=0.5):
-                    return
+                    pass
             except OSError:
                 pass
+            else:
+                if self._hello(node, timeout=0.5) is not None:
+                    return
             if time.monotonic() >= deadline:
                 raise ReplicaSetError(
                     f"mongod {node.address} did not listen in time\n{self._log_tail(node)}"
@@ -457,11 +478,11 @@ class MongoReplicaSet:
             client = self._clients[node.port] = _direct_client(node.address)
         return client
 
-    def _hello(self, node: MongoNode) -> dict[str, Any] | None:
+    def _hello(self, node: MongoNode, timeout: float = 2.0) -> dict[str, Any] | None:
         if not node.running or node.paused:
             return None
         try:
-            with pymongo.timeout(2):
+            with pymongo.timeout(timeout):
                 return self._client(node).admin.command("hello")
         except PyMongoError:
             return None
@@ -625,16 +646,20 @@ def _docker_engine_answers(timeout: float = 3.0) -> bool:
         from testcontainers.core.docker_client import DockerClient
     except ImportError:
         return False
-    try:
-        client = DockerClient(timeout=timeout)
-    except Exception:  # docker raises its own errors when no engine is there
-        return False
-    try:  # pragma: no cover - no Docker engine where tests run
-        return bool(client.client.ping())
-    except Exception:  # pragma: no cover
-        return False
-    finally:  # pragma: no cover
-        client.client.close()
+    # The docker SDK leaves its socket to the garbage collector when no engine answers; collect
+    # it here, quietly, rather than let a ResourceWarning fail whichever test runs next.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = DockerClient(timeout=timeout)
+            try:  # pragma: no cover - no Docker engine where tests run
+                return bool(client.client.ping())
+            finally:  # pragma: no cover
+                client.client.close()
+        except Exception:  # the docker SDK raises errors of its own
+            return False
+        finally:
+            gc.collect()
 
 
 @contextlib.contextmanager
@@ -697,7 +722,10 @@ if _HAVE_PYTEST:
 
     @pytest.fixture(scope="session")
     def _mongolock_client(mongolock_url: str) -> Iterator[MongoClient[dict[str, Any]]]:
-        with MongoClient(mongolock_url, serverSelectionTimeoutMS=10000) as client:
+        client: MongoClient[dict[str, Any]] = MongoClient(
+            mongolock_url, serverSelectionTimeoutMS=10000
+        )
+        with client:
             yield client
 
     @pytest.fixture
@@ -719,7 +747,7 @@ if _HAVE_PYTEST:
     @pytest.fixture
     def mongolock_settings(
         request: pytest.FixtureRequest, mongolock_url: str, mongolock_database: str
-    ) -> Iterator[dict[str, Any]]:
+    ) -> dict[str, Any]:
         """``settings.MONGOLOCK`` pointing at this test's own database (needs pytest-django).
 
         Other keys of the project's ``MONGOLOCK`` are kept; all is restored after the test.
@@ -733,7 +761,7 @@ if _HAVE_PYTEST:
             "DATABASE": mongolock_database,
         }
         settings.MONGOLOCK = value
-        yield value
+        return value
 
 
 # -- python -m django_mongolock.testing serve ---------------------------------------------------
@@ -747,7 +775,9 @@ def _serve(port: int, dbpath: str | None, replset: str) -> int:
     replica_set = MongoReplicaSet(
         1, name=replset, ports=[port], dbpaths=[dbpath] if dbpath else None
     )
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Explicit handlers: a shell starts background jobs with SIGINT ignored.
+    previous_int = signal.signal(signal.SIGINT, _interrupt)
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         replica_set.start()
         node = replica_set.nodes[0]
@@ -769,13 +799,13 @@ def _serve(port: int, dbpath: str | None, replset: str) -> int:
         return 1
     finally:
         # A second Ctrl+C must not cut the clean shutdown short; stop() is bounded.
-        original_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             replica_set.stop()
         finally:
-            signal.signal(signal.SIGINT, original_int)
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,87 @@
+# Entry points for development and CI. Every tool runs from the virtualenv by path, never
+# from an activated shell, so that `make test` behaves the same everywhere.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Re-install when pyproject.toml changes: the stamp is older than it then.
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+# The first of these that is Python >= 3.11 (evaluated only when a venv must be created).
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& { command -v $$p; break; }; done)
+
+.PHONY: venv test lint typecheck docs test-reliability demo bench format clean distclean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+		if [ -z "$(PYTHON)" ]; then \
+			echo "error: no Python >= 3.11 found; install one or pass PYTHON=/path/to/python3" >&2; \
+			exit 1; \
+		fi; \
+		echo "Creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version))"; \
+		rm -rf $(VENV); \
+		$(PYTHON) -m venv $(VENV); \
+	fi
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off --upgrade pip
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -e '.[test,docs,demo]'
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy django_mongolock testproject tests
+
+docs: venv
+	$(BIN)/mkdocs build --strict
+
+# Coverage starts before pytest: pytest imports entry-point plugins, django_mongolock.testing
+# among them (and so the whole package), before pytest-cov's --cov could start measuring.
+# pytest exits 5 when it collected nothing: that is a failure here, and said so.
+test: lint typecheck docs
+	@status=0; \
+	echo "$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS)"; \
+	$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
+	if [ $$status -ne 0 ]; then exit $$status; fi; \
+	echo "$(BIN)/coverage report --fail-under=85"; \
+	$(BIN)/coverage report --fail-under=85
+
+test-reliability: venv
+	@if [ -d tests/reliability ]; then \
+		echo "$(BIN)/pytest tests/reliability $(PYTEST_ARGS)"; \
+		$(BIN)/pytest tests/reliability $(PYTEST_ARGS); \
+	else \
+		echo "tests/reliability does not exist yet: nothing to run"; \
+	fi
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+bench: venv
+	@if [ -f benchmarks/run.py ]; then \
+		echo "$(BIN)/python benchmarks/run.py"; \
+		$(BIN)/python benchmarks/run.py; \
+	else \
+		echo "benchmarks/run.py does not exist yet: nothing to run"; \
+	fi
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Build output and caches; `distclean` also drops the virtualenv and the demo's MongoDB data.
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov docs/site
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .mongodb
