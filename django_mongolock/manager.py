@@ -89,6 +89,7 @@ class LockManager:
         self._pid = 0
         self._build_mutex = threading.Lock()
         self._watcher: Watcher | None = None
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<LockManager {self.database}.{self.collection}>"
@@ -109,8 +110,14 @@ class LockManager:
             store = self._connect()
         return store
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _connect(self) -> LockStore:
         with self._build_mutex:
+            if self._closed:
+                raise MongoLockError(f"{self!r} is closed")
             if self._store is not None and self._pid == os.getpid():
                 return self._store
             given = self._given_client
@@ -162,11 +169,15 @@ class LockManager:
         return watcher
 
     def close(self) -> None:
-        """Stop the watcher and close the client this manager built (a given one stays open)."""
+        """Stop the watcher and close the client this manager built (a given one stays open).
+
+        A closed manager cannot be used again; locks it still holds are no longer refreshed.
+        """
         watcher = self._watcher
         if watcher is not None and watcher.pid == os.getpid():
             watcher.stop()
         with self._build_mutex:
+            self._closed = True
             if self._client is not None and self._given_client is None and self._pid == os.getpid():
                 self._client.close()
             self._client = None

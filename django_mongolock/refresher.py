@@ -121,9 +121,12 @@ class Refresher:
         shortest = min(lock.ttl for lock in locks)
         next_due = time.monotonic() + _interval(shortest)
         groups: dict[LockStore, list[Lock]] = defaultdict(list)
-        for lock in locks:
-            groups[lock.store].append(lock)
         lost: list[tuple[Lock, str]] = []
+        for lock in locks:
+            try:
+                groups[lock.store].append(lock)
+            except MongoLockError:
+                lost.append((lock, "its LockManager was closed"))
         for store, group in groups.items():
             sent_at = time.monotonic()
             try:
@@ -170,8 +173,12 @@ class Refresher:
         """Release every lock still held, one write per collection, within ``timeout``."""
         groups: dict[LockStore, list[Lock]] = defaultdict(list)
         for lock in self.held():
+            try:
+                store = lock.store
+            except MongoLockError:
+                continue  # its manager was closed: the lease lapses by itself
             if lock._take_release():
-                groups[lock.store].append(lock)
+                groups[store].append(lock)
         released = 0
         for store, group in groups.items():
             try:

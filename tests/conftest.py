@@ -13,8 +13,7 @@ import pytest
 from pymongo import MongoClient
 
 from django_mongolock import LockManager
-from django_mongolock.testing import _free_port as free_port
-from django_mongolock.testing import find_mongod
+from django_mongolock.testing import find_mongod, free_port
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def test_checks_are_registered() -> None:
     registered = checks.registry.registry.get_checks(include_deployment_checks=True)
     assert check_settings in registered
     assert check_server in registered
-    assert checks.Tags.database in check_server.tags  # type: ignore[attr-defined]
+    assert checks.Tags.database in check_server.tags
 
 
 def test_server_check_runs_only_for_databases(mongolock_settings: dict[str, Any]) -> None:

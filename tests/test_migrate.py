@@ -43,7 +43,7 @@ def test_changed_retention_is_updated_in_place(
     run_command("migrate_mongolock")
     lock = locks.acquire("survives", ttl=60)
     settings.MONGOLOCK = {**mongolock_settings, "RETENTION": 120}
-    out, err, code = run_command("migrate_mongolock", "--check")
+    out, _, code = run_command("migrate_mongolock", "--check")
     assert code == 1
     assert "differs" in out
     assert "was 600" in out

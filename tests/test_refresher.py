@@ -9,13 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from django_mongolock import Lock, LockManager
+from django_mongolock import Lock, LockManager, MongoLockError
 from django_mongolock.refresher import Refresher, get_refresher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,13 +29,14 @@ def _holder(url: str, database: str, key: str, ttl: float, mode: str) -> subproc
     )
     assert process.stdout is not None
     line = process.stdout.readline()
+    process.stdout.close()
     assert line.startswith("held "), line
     return process
 
 
 @pytest.fixture
-def refresher() -> Iterator[Refresher]:
-    yield get_refresher()
+def refresher() -> Refresher:
+    return get_refresher()
 
 
 def test_a_lock_held_for_five_times_its_ttl_stays_held(
@@ -198,3 +198,16 @@ def test_normal_exit_releases_held_locks(manager: LockManager, mongolock_url: st
     process = _holder(mongolock_url, manager.database, "leaver", 30, "exit")
     assert process.wait(timeout=30) == 0
     assert manager.status("leaver") is None
+
+
+def test_locks_of_a_closed_manager_are_lost_not_resurrected(
+    mongolock_url: str, manager: LockManager, refresher: Refresher
+) -> None:
+    closing = LockManager(mongolock_url, database=manager.database)
+    lock = closing.acquire("orphan", ttl=0.6)
+    closing.close()
+    assert lock.lost.wait(2.0)
+    assert closing.closed
+    with pytest.raises(MongoLockError, match="closed"):
+        closing.acquire("again")
+    assert lock not in refresher.held()

@@ -27,7 +27,9 @@ def _counting(manager: LockManager) -> list[float]:
     return attempts
 
 
-def _wait_in_thread(manager: LockManager, key: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
+def _wait_in_thread(
+    manager: LockManager, key: str, timeout: float
+) -> tuple[threading.Thread, list[Any]]:
     result: list[Any] = []
 
     def run() -> None:
@@ -44,7 +46,9 @@ def _wait_in_thread(manager: LockManager, key: str, timeout: float) -> tuple[thr
     return thread, result
 
 
-def test_a_waiter_wakes_on_release_without_polling(manager: LockManager, other: LockManager) -> None:
+def test_a_waiter_wakes_on_release_without_polling(
+    manager: LockManager, other: LockManager
+) -> None:
     holder = manager.acquire("stream", ttl=30)
     attempts = _counting(other)
     thread, result = _wait_in_thread(other, "stream", timeout=20)
@@ -70,7 +74,9 @@ def test_a_waiter_wakes_on_release_without_polling(manager: LockManager, other: 
     lock.release()
 
 
-def test_a_release_wakes_only_the_waiters_of_that_key(manager: LockManager, other: LockManager) -> None:
+def test_a_release_wakes_only_the_waiters_of_that_key(
+    manager: LockManager, other: LockManager
+) -> None:
     first = manager.acquire("key-a", ttl=30)
     second = manager.acquire("key-b", ttl=30)
     attempts = _counting(other)

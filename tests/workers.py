@@ -28,8 +28,10 @@ def increment(url: str, database: str, rounds: int, key: str = "counter") -> int
                 if entered and entered.get("inside", 0) != 0:
                     overlaps += 1
                 doc = counters.find_one({"_id": key}) or {}
+                value = doc.get("value", 0)
+                assert isinstance(value, int)
                 time.sleep(0.002)
-                counters.update_one({"_id": key}, {"$set": {"value": int(doc.get("value", 0)) + 1}})
+                counters.update_one({"_id": key}, {"$set": {"value": value + 1}})
                 counters.update_one({"_id": key}, {"$inc": {"inside": -1}})
     finally:
         client.close()
