@@ -15,7 +15,11 @@ PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
 	&& { command -v $$p; break; }; done)
 
-.PHONY: venv test lint typecheck docs test-reliability demo bench format clean distclean
+.PHONY: system-deps venv test lint typecheck docs test-reliability demo bench format clean distclean
+
+# Debian packages the suite needs (mongod's libraries, Chromium for the browser tests).
+system-deps:
+	bash scripts/system-deps.sh
 
 venv: $(STAMP)
 
@@ -46,7 +50,7 @@ docs: venv
 # Coverage starts before pytest: pytest imports entry-point plugins, django_mongolock.testing
 # among them (and so the whole package), before pytest-cov's --cov could start measuring.
 # pytest exits 5 when it collected nothing: that is a failure here, and said so.
-test: lint typecheck docs
+test: system-deps lint typecheck docs
 	@status=0; \
 	echo "$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS)"; \
 	$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS) || status=$$?; \
