@@ -10,7 +10,6 @@ LockNotAcquired, a view answers 423 Locked, a management command exits with
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
@@ -18,7 +17,6 @@ import math
 import re
 import string
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -267,8 +265,8 @@ class _Call:
         key = self.key.format(args, kwargs)
         manager = self._manager()
         try:
-            lock = await _acquire_in_thread(
-                manager, key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
+            lock = await manager.aacquire(
+                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
             )
         except LockNotAcquired as error:
             if callable(self.on_busy):
@@ -282,7 +280,7 @@ class _Call:
                     result = await result
             return result
         finally:
-            await asyncio.to_thread(_release, lock, self.key.name)
+            await _arelease(lock, self.key.name)
 
     def _busy(
         self,
@@ -359,37 +357,23 @@ def _decorate_class(
     return cls
 
 
-async def _acquire_in_thread(manager: LockManager, key: str, **options: Any) -> Lock:
-    """Acquire off the event loop; a lock taken after the caller was cancelled is given back.
-
-    A plain executor future rather than a task, so that ``asyncio.run`` cancelling the
-    remaining tasks at exit cannot lose a lock that the thread takes afterwards.
-    """
-    run = functools.partial(contextvars.copy_context().run, manager.acquire, key, **options)
-    acquiring = asyncio.get_running_loop().run_in_executor(None, run)
-    try:
-        return await asyncio.shield(acquiring)
-    except asyncio.CancelledError:
-        acquiring.add_done_callback(_release_abandoned)
-        raise
-
-
-def _release_abandoned(acquiring: asyncio.Future[Lock]) -> None:
-    if acquiring.cancelled() or acquiring.exception() is not None:
-        return
-    # Not on the loop's executor, which may be shutting down when this runs.
-    lock = acquiring.result()
-    threading.Thread(
-        target=_release, args=(lock, "a cancelled call"), name="mongolock-release"
-    ).start()
-
-
 async def _finish(work: Awaitable[Any], lock: Lock, caller: str) -> Any:
     try:
         with holding(lock):
             return await work
     finally:
-        await asyncio.to_thread(_release, lock, caller)
+        await _arelease(lock, caller)
+
+
+async def _arelease(lock: Lock, caller: str) -> None:
+    """``_release`` for coroutines, through the async client."""
+    try:
+        held = await lock.arelease()
+    except MongoLockError:
+        _release_failed(lock, caller)
+        return
+    if not held:
+        _not_held(lock, caller)
 
 
 def _release(lock: Lock, caller: str) -> None:
@@ -397,19 +381,26 @@ def _release(lock: Lock, caller: str) -> None:
     try:
         held = lock.release()
     except MongoLockError:
-        logger.exception(
-            "could not release lock %r (token %s) after %s(); it stays held until its lease "
-            "ends at %s",
-            lock.key,
-            lock.token,
-            caller,
-            lock.expires_at.isoformat(),
-        )
+        _release_failed(lock, caller)
         return
     if not held:
-        logger.warning(
-            "lock %r (token %s) was no longer held when %s() returned", lock.key, lock.token, caller
-        )
+        _not_held(lock, caller)
+
+
+def _release_failed(lock: Lock, caller: str) -> None:
+    logger.exception(
+        "could not release lock %r (token %s) after %s(); it stays held until its lease ends at %s",
+        lock.key,
+        lock.token,
+        caller,
+        lock.expires_at.isoformat(),
+    )
+
+
+def _not_held(lock: Lock, caller: str) -> None:
+    logger.warning(
+        "lock %r (token %s) was no longer held when %s() returned", lock.key, lock.token, caller
+    )
 
 
 # -- what kind of call: function, view or command -------------------------------------------

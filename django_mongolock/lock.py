@@ -47,6 +47,7 @@ class Lock:
         "on_lost",
         "owner",
         "refreshable",
+        "shared",
         "token",
         "ttl",
     )
@@ -61,6 +62,7 @@ class Lock:
         refresh: bool = False,
     ) -> None:
         self._manager = manager
+        self.shared: bool = info.shared
         self.key: str = info.key
         self.owner: str = info.owner
         self.token: int = info.token
@@ -77,7 +79,8 @@ class Lock:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost.is_set() else "held"
-        return f"<Lock {self.key!r} token={self.token} owner={self.owner!r} {state}>"
+        mode = " shared" if self.shared else ""
+        return f"<Lock {self.key!r}{mode} token={self.token} owner={self.owner!r} {state}>"
 
     @property
     def valid(self) -> bool:
@@ -104,14 +107,11 @@ class Lock:
     def refresh(self, ttl: float | None = None) -> Lock:
         """Extend the lease to ``ttl`` seconds from now (server time); LockLost if not held."""
         lease = self.ttl if ttl is None else validate_ttl(ttl)
-        if self._released:
-            raise LockLost(self.key, self.owner, self.token, "it was released")
-        if self.lost.is_set():
-            raise LockLost(self.key, self.owner, self.token, "it was lost before")
-        if self._pid != os.getpid():
-            raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
+        self._check_refreshable()
         sent_at = time.monotonic()
-        info = self._manager.store.refresh(self.key, self.owner, self.token, lease)
+        info = self._manager.store.refresh(
+            self.key, self.owner, self.token, lease, shared=self.shared
+        )
         if info is None:
             reason = "its lease ended or it was released by somebody else"
             self._mark_lost(reason)
@@ -127,12 +127,46 @@ class Lock:
         """
         if not self._take_release():
             return False
-        held = self._manager.store.release(self.key, self.owner, self.token)
-        self._manager._released(self, held)
-        lock_released.send(sender=self._manager, lock=self, held=held)
-        if not held and not self.lost.is_set():
-            self._mark_lost("its lease had ended or it was released by somebody else")
+        held = self._manager.store.release(self.key, self.owner, self.token, shared=self.shared)
+        self._released_by_holder(held)
         return held
+
+    async def arefresh(self, ttl: float | None = None) -> Lock:
+        """``refresh`` through the async client, without blocking the event loop."""
+        lease = self.ttl if ttl is None else validate_ttl(ttl)
+        self._check_refreshable()
+        sent_at = time.monotonic()
+        store = await self._manager._astore()
+        info = await store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
+        if info is None:
+            reason = "its lease ended or it was released by somebody else"
+            self._mark_lost(reason)
+            raise LockLost(self.key, self.owner, self.token, reason)
+        self._extend(info, sent_at)
+        return self
+
+    async def arelease(self) -> bool:
+        """``release`` through the async client, without blocking the event loop."""
+        if not self._take_release():
+            return False
+        store = await self._manager._astore()
+        held = await store.release(self.key, self.owner, self.token, shared=self.shared)
+        self._released_by_holder(held)
+        return held
+
+    async def __aenter__(self) -> Lock:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not await self.arelease() and self._pid == os.getpid():
+            logger.warning(
+                "lock %r (token %s) was no longer held when its block ended", self.key, self.token
+            )
 
     # -- for the manager and the refresher ---------------------------------------------------
 
@@ -144,6 +178,20 @@ class Lock:
     def deadline(self) -> float:
         """The lease end on this process's monotonic clock (never later than the server's)."""
         return self._deadline
+
+    def _check_refreshable(self) -> None:
+        if self._released:
+            raise LockLost(self.key, self.owner, self.token, "it was released")
+        if self.lost.is_set():
+            raise LockLost(self.key, self.owner, self.token, "it was lost before")
+        if self._pid != os.getpid():
+            raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
+
+    def _released_by_holder(self, held: bool) -> None:
+        self._manager._released(self, held)
+        lock_released.send(sender=self._manager, lock=self, held=held)
+        if not held and not self.lost.is_set():
+            self._mark_lost("its lease had ended or it was released by somebody else")
 
     def _take_release(self) -> bool:
         """Mark released once, in the holder's process only; False if that was done already."""

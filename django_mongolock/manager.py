@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
+import functools
 import logging
 import os
 import random
@@ -10,19 +13,23 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI
 
+from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
+from django_mongolock.primitives import Election, LockGroup, Semaphore
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
-from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State
+from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State, _redact
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
 from django_mongolock.waiters import Waiters
 from django_mongolock.watcher import Watcher
@@ -90,6 +97,10 @@ class LockManager:
         self._build_mutex = threading.Lock()
         self._watcher: Watcher | None = None
         self._closed = False
+        # One async client per event loop (they cannot cross loops), closed with the loop.
+        self._astores: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[AsyncLockStore, AsyncIterator[None]]
+        ] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"<LockManager {self.database}.{self.collection}>"
@@ -126,24 +137,65 @@ class LockManager:
             self._pid = os.getpid()
             return self._store
 
+    def _client_options(self) -> dict[str, Any]:
+        timeout_ms = round(self.server_selection_timeout * 1000)
+        return {
+            "appname": "django-mongolock",
+            "serverSelectionTimeoutMS": timeout_ms,
+            "connectTimeoutMS": timeout_ms,
+            # Every operation, retries included, ends within this time, so an outage is
+            # reported instead of hanging a waiter or the refresher.
+            "timeoutMS": timeout_ms,
+            "retryWrites": True,
+            "w": "majority",
+            "tz_aware": True,
+        }
+
     def _new_client(self) -> MongoClient[Any]:
         assert self.url is not None
-        timeout_ms = round(self.server_selection_timeout * 1000)
         try:
-            return MongoClient(
-                self.url,
-                appname="django-mongolock",
-                serverSelectionTimeoutMS=timeout_ms,
-                connectTimeoutMS=timeout_ms,
-                # Every operation, retries included, ends within this time, so an outage
-                # is reported instead of hanging a waiter or the refresher.
-                timeoutMS=timeout_ms,
-                retryWrites=True,
-                w="majority",
-                tz_aware=True,
-            )
+            return MongoClient(self.url, **self._client_options())
         except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
-            raise ConfigurationError(f"invalid MongoDB URL: {exc}") from exc
+            raise ConfigurationError(f"invalid MongoDB URL: {_redact(str(exc))}") from exc
+
+    async def _astore(self) -> AsyncLockStore:
+        """This event loop's async store, built on first use and closed with the loop.
+
+        A client given to the manager is sync, so its URL is unknown: the async API needs
+        a manager built from a URL.
+        """
+        loop = asyncio.get_running_loop()
+        entry = self._astores.get(loop)
+        if entry is not None:
+            return entry[0]
+        if self._closed:
+            raise MongoLockError(f"{self!r} is closed")
+        if self.url is None:
+            raise ConfigurationError("the async API needs a LockManager built from a URL")
+        try:
+            client: AsyncMongoClient[Any] = AsyncMongoClient(self.url, **self._client_options())
+        except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
+            raise ConfigurationError(f"invalid MongoDB URL: {_redact(str(exc))}") from exc
+        store = AsyncLockStore(client, self.database, self.collection)
+
+        async def close_with_the_loop() -> AsyncIterator[None]:
+            # asyncio.run() finalizes async generators before closing its loop: that is
+            # the last moment the client can still be closed on the loop it belongs to.
+            try:
+                yield
+            finally:
+                await store.close()
+
+        closer = close_with_the_loop()
+        await closer.__anext__()
+        self._astores[loop] = (store, closer)
+        return store
+
+    async def aclose(self) -> None:
+        """Close the async client of the running event loop (``close()`` does the rest)."""
+        entry = self._astores.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[1].aclose()  # type: ignore[attr-defined]
 
     @property
     def waiters(self) -> Waiters:
@@ -176,6 +228,10 @@ class LockManager:
         watcher = self._watcher
         if watcher is not None and watcher.pid == os.getpid():
             watcher.stop()
+        for loop, (_, closer) in list(self._astores.items()):
+            if loop.is_running() and not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(closer.aclose(), loop)  # type: ignore[attr-defined]
+        self._astores.clear()
         with self._build_mutex:
             self._closed = True
             if self._client is not None and self._given_client is None and self._pid == os.getpid():
@@ -208,37 +264,72 @@ class LockManager:
         ttl: float | None = None,
         blocking: bool = True,
         timeout: float | None = None,
+        shared: bool = False,
+        limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
     ) -> Lock:
         """Take ``key``; wait while it is busy if ``blocking``, at most ``timeout`` seconds.
 
-        Raises LockNotAcquired naming the holder when busy and not waiting, or when the
-        timeout passes; ServerUnavailable at once when MongoDB cannot be reached. The
-        lease is kept alive in the background unless ``refresh`` (default: the manager's
-        ``refresh``) is False; ``on_lost`` is called once if the lock is lost.
+        ``shared=True`` takes a shared lease: any number of shared holders (at most
+        ``limit``, if given) may hold the key at once, never together with an exclusive
+        holder. Raises LockNotAcquired naming the holder when busy and not waiting, or
+        when the timeout passes; ServerUnavailable at once when MongoDB cannot be
+        reached. The lease is kept alive in the background unless ``refresh`` (default:
+        the manager's ``refresh``) is False; ``on_lost`` is called once if it is lost.
         """
-        key = validate_key(key)
-        lease = self.ttl if ttl is None else validate_ttl(ttl)
-        limit = validate_timeout(timeout, blocking=blocking)
+        request = self._request(key, ttl, shared, limit)
+        wait = validate_timeout(timeout, blocking=blocking)
         keep = self.refresh if refresh is None else refresh
         if type(keep) is not bool:
             raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        return self._acquire(request, wait, keep, on_lost)
+
+    def _request(
+        self,
+        key: str,
+        ttl: float | None,
+        shared: bool,
+        limit: int | None,
+        tags: Mapping[str, str] | None = None,
+    ) -> _Request:
+        """Check every argument before any I/O and describe one acquisition."""
+        key = validate_key(key)
+        lease = self.ttl if ttl is None else validate_ttl(ttl)
+        if type(shared) is not bool:
+            raise TypeError(f"shared must be True or False, not {shared!r}")
+        if limit is not None:
+            if type(limit) is not int:
+                raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+            if limit < 1:
+                raise ValueError(f"limit must be at least 1, got {limit}")
+            if not shared:
+                raise ValueError("limit applies to shared locks: pass shared=True")
+        return _Request(key, self.new_owner(), lease, shared, limit, tags)
+
+    def _acquire(
+        self,
+        request: _Request,
+        wait: float | None,
+        keep: bool,
+        on_lost: Callable[[Lock], object] | None,
+    ) -> Lock:
         store = self.store
-        owner = self.new_owner()
-        if limit == 0:
+        if wait == 0:
             sent_at = time.monotonic()
-            info = store.acquire(key, owner, lease)
-            if info.owner != owner:
+            info = request.attempt(store, queue=False)
+            mine = request.taken(info)
+            if mine is None:
                 raise _busy(info)
         else:
             # Subscribe before the first attempt: a release right after it must wake us.
-            with self.waiters.subscribe(key) as wake:
+            with self.waiters.subscribe(request.key) as wake:
                 sent_at = time.monotonic()
-                info = store.acquire(key, owner, lease, queue=True)
-                if info.owner != owner:
-                    sent_at, info = self._wait(key, owner, lease, limit, sent_at, info, wake)
-        lock = Lock(self, info, sent_at, on_lost=on_lost, refresh=keep)
+                info = request.attempt(store, queue=True)
+                mine = request.taken(info)
+                if mine is None:
+                    sent_at, mine = self._wait(request, wait, sent_at, info, wake)
+        lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
         lock_acquired.send(sender=self, lock=lock)
@@ -246,9 +337,7 @@ class LockManager:
 
     def _wait(
         self,
-        key: str,
-        owner: str,
-        lease: float,
+        request: _Request,
         limit: float | None,
         sent_at: float,
         info: LockInfo,
@@ -267,29 +356,126 @@ class LockManager:
         attempt = 0
         watcher.ensure_running()
         while True:
-            since = watcher.healthy_since()
-            if info.held and since is not None and since <= sent_at:
-                delay = max(info.remaining, 0.0) + 0.001
-            else:
-                # No stream to wake us, or the lock is free with others ahead in line.
-                backoff = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt)
-                delay = backoff * random.uniform(0.5, 1.0)
-                if info.held:
-                    delay = min(delay, max(info.remaining, 0.0) + 0.001)
-                attempt = min(attempt + 1, 16)
+            delay, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
             now = time.monotonic()
             if deadline is not None:
                 if now >= deadline:
-                    self._leave_queue(key, owner)
+                    self._leave_queue(request.key, request.owner)
                     raise _busy(info, waited=now - started)
                 delay = min(delay, deadline - now)
             wake.wait(delay)
             wake.clear()
             watcher.ensure_running()
             sent_at = time.monotonic()
-            info = store.acquire(key, owner, lease, queue=True)
-            if info.owner == owner:
-                return sent_at, info
+            info = request.attempt(store, queue=True)
+            mine = request.taken(info)
+            if mine is not None:
+                return sent_at, mine
+
+    async def aacquire(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        shared: bool = False,
+        limit: int | None = None,
+        on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool | None = None,
+    ) -> Lock:
+        """``acquire`` for coroutines: the same lock, waiting without blocking the loop.
+
+        Queries go through pymongo's async client; waiting is on an asyncio event woken
+        by the same change stream; the lease is kept alive by the same refresher.
+        """
+        request = self._request(key, ttl, shared, limit)
+        wait = validate_timeout(timeout, blocking=blocking)
+        keep = self.refresh if refresh is None else refresh
+        if type(keep) is not bool:
+            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        store = await self._astore()
+        if wait == 0:
+            sent_at = time.monotonic()
+            info = await _shielded(store, request, queue=False)
+            mine = request.taken(info)
+            if mine is None:
+                raise _busy(info)
+        else:
+            with self.waiters.subscribe_async(request.key) as wake:
+                sent_at = time.monotonic()
+                info = await _shielded(store, request, queue=True)
+                mine = request.taken(info)
+                if mine is None:
+                    sent_at, mine = await self._await(store, request, wait, sent_at, info, wake)
+        lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
+        if keep:
+            get_refresher().register(lock)
+        lock_acquired.send(sender=self, lock=lock)
+        return lock
+
+    async def _await(
+        self,
+        store: AsyncLockStore,
+        request: _Request,
+        limit: float | None,
+        sent_at: float,
+        info: LockInfo,
+        wake: asyncio.Event,
+    ) -> tuple[float, LockInfo]:
+        """``_wait`` for coroutines: the same schedule, sleeping on an asyncio event."""
+        started = sent_at
+        deadline = None if limit is None else started + limit
+        watcher = self.watcher
+        attempt = 0
+        watcher.ensure_running()
+        while True:
+            delay, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
+            now = time.monotonic()
+            if deadline is not None:
+                if now >= deadline:
+                    try:
+                        await store.leave_queue(request.key, request.owner)
+                    except MongoLockError as exc:
+                        logger.info("could not leave the line of %r: %s", request.key, exc)
+                    raise _busy(info, waited=now - started)
+                delay = min(delay, deadline - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
+            wake.clear()
+            watcher.ensure_running()
+            sent_at = time.monotonic()
+            info = await _shielded(store, request, queue=True)
+            mine = request.taken(info)
+            if mine is not None:
+                return sent_at, mine
+
+    def alock(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        shared: bool = False,
+        limit: int | None = None,
+        on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool | None = None,
+    ) -> AsyncLockContext:
+        """``async with manager.alock(key) as lk:``: ``aacquire`` on entry, release on exit."""
+        self._request(key, ttl, shared, limit)
+        validate_timeout(timeout, blocking=blocking)
+        return AsyncLockContext(
+            self,
+            key,
+            ttl=ttl,
+            blocking=blocking,
+            timeout=timeout,
+            shared=shared,
+            limit=limit,
+            on_lost=on_lost,
+            refresh=refresh,
+        )
 
     def _leave_queue(self, key: str, owner: str) -> None:
         try:
@@ -304,13 +490,13 @@ class LockManager:
         ttl: float | None = None,
         blocking: bool = True,
         timeout: float | None = None,
+        shared: bool = False,
+        limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
     ) -> LockContext:
         """A context manager that acquires ``key`` on entry and releases it on exit."""
-        validate_key(key)
-        if ttl is not None:
-            validate_ttl(ttl)
+        self._request(key, ttl, shared, limit)
         validate_timeout(timeout, blocking=blocking)
         return LockContext(
             self,
@@ -318,9 +504,52 @@ class LockManager:
             ttl=ttl,
             blocking=blocking,
             timeout=timeout,
+            shared=shared,
+            limit=limit,
             on_lost=on_lost,
             refresh=refresh,
         )
+
+    def semaphore(self, key: str, limit: int, *, ttl: float | None = None) -> Semaphore:
+        """At most ``limit`` holders of ``key`` at once; each gets its own lease and token."""
+        return Semaphore(self, key, limit, ttl=ttl)
+
+    def acquire_group(
+        self,
+        keys: Iterable[str],
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        refresh: bool | None = None,
+    ) -> LockGroup:
+        """Take every key in ``keys`` or none of them, under one group id.
+
+        Keys are taken in one global order (sorted), so two groups over overlapping keys
+        never deadlock, whatever order their callers listed the keys in. On a timeout or
+        a busy key, the keys already taken are released and LockNotAcquired is raised.
+        """
+        return LockGroup.acquire(
+            self, keys, ttl=ttl, blocking=blocking, timeout=timeout, refresh=refresh
+        )
+
+    def elect(
+        self,
+        key: str,
+        *,
+        on_elected: Callable[[Election], object] | None = None,
+        on_demoted: Callable[[Election], object] | None = None,
+        ttl: float | None = None,
+    ) -> Election:
+        """Campaign for leadership of ``key`` in the background (see Election)."""
+        election = Election(self, key, on_elected=on_elected, on_demoted=on_demoted, ttl=ttl)
+        election.start()
+        return election
+
+    def leader(self, key: str) -> str | None:
+        """The owner id of ``key``'s current leader (its live exclusive holder), or None."""
+        info = self.status(key)
+        return info.owner if info is not None and info.live and info.owner else None
 
     def _released(self, lock: Lock, held: bool) -> None:
         """A holder in this process let ``lock`` go: stop refreshing, wake local waiters."""
@@ -433,10 +662,119 @@ class LockContext:
             lock.__exit__(exc_type, exc, tb)
 
 
-def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One acquisition: the key, this attempt's owner id, and what kind of lease."""
+
+    key: str
+    owner: str
+    ttl: float
+    shared: bool = False
+    limit: int | None = None
+    tags: Mapping[str, str] | None = None
+
+    def arguments(self, *, queue: bool) -> dict[str, Any]:
+        """The store's ``acquire`` arguments (the sync and the async store take the same)."""
+        return {
+            "key": self.key,
+            "owner": self.owner,
+            "ttl": self.ttl,
+            "queue": queue,
+            "shared": self.shared,
+            "limit": self.limit,
+            "tags": self.tags,
+        }
+
+    def attempt(self, store: LockStore, *, queue: bool) -> LockInfo:
+        return store.acquire(**self.arguments(queue=queue))
+
+    def taken(self, info: LockInfo) -> LockInfo | None:
+        """This request's lease, if the attempt that returned ``info`` got one."""
+        if self.shared:
+            return info.as_holder(self.owner)
+        return info if info.owner == self.owner else None
+
+
+async def _shielded(store: AsyncLockStore, request: _Request, *, queue: bool) -> LockInfo:
+    """One attempt that a cancellation cannot cut in half.
+
+    If the caller is cancelled while the attempt is in flight, the attempt still
+    completes, and a lock it took is released at once instead of being left to lapse.
+    """
+    attempt = asyncio.ensure_future(store.acquire(**request.arguments(queue=queue)))
+    try:
+        return await asyncio.shield(attempt)
+    except asyncio.CancelledError:
+        attempt.add_done_callback(functools.partial(_give_back, store, request))
+        raise
+
+
+def _give_back(store: AsyncLockStore, request: _Request, attempt: asyncio.Future[LockInfo]) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    mine = request.taken(attempt.result())
+    if mine is None:
+        return
+    release = store.release(mine.key, mine.owner, mine.token, shared=request.shared)
+    task = asyncio.ensure_future(release)
+    _ABANDONED.add(task)
+    task.add_done_callback(_ABANDONED.discard)
+
+
+# Releases of locks taken by cancelled attempts, kept referenced until they finish.
+_ABANDONED: set[asyncio.Future[bool]] = set()
+
+
+def _next_delay(
+    info: LockInfo, stream_since: float | None, sent_at: float, attempt: int
+) -> tuple[float, int]:
+    """How long to sleep before the next attempt, and the next back-off step."""
+    lease_end = max(info.next_free_in, 0.0) + 0.001
+    if info.held and stream_since is not None and stream_since <= sent_at:
+        # The stream was open before the last attempt: any release after it wakes us.
+        return lease_end, attempt
+    # No stream to wake us, or the lock is free with others ahead in line.
+    delay = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
     if info.held:
+        delay = min(delay, lease_end)
+    return delay, min(attempt + 1, 16)
+
+
+def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
+    if info.owner:
         return LockNotAcquired(info.key, info.owner, info.expires_at, waited=waited)
+    if info.held:
+        first_end = min(holder.expires_at for holder in info.live_holders)
+        return LockNotAcquired(info.key, info.holder_label, first_end, waited=waited)
     return LockNotAcquired(info.key, None, None, waited=waited, waiting=info.waiting)
+
+
+class AsyncLockContext:
+    """``async with manager.alock(key) as lk:``: acquire on entry, release on exit."""
+
+    __slots__ = ("_kwargs", "_lock", "_manager", "key")
+
+    def __init__(self, manager: LockManager, key: str, **kwargs: Any) -> None:
+        self._manager = manager
+        self.key = key
+        self._kwargs = kwargs
+        self._lock: Lock | None = None
+
+    async def __aenter__(self) -> Lock:
+        if self._lock is not None:
+            raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        self._lock = await self._manager.aacquire(self.key, **self._kwargs)
+        return self._lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            await lock.__aexit__(exc_type, exc, tb)
 
 
 def _check_page(limit: int | None, offset: int) -> None:

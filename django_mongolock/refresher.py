@@ -25,6 +25,7 @@ from django_mongolock.exceptions import MongoLockError
 
 if TYPE_CHECKING:
     from django_mongolock.lock import Lock
+    from django_mongolock.primitives import Election
     from django_mongolock.store import LockStore
 
 __all__ = ["Refresher", "get_refresher", "install", "shutdown"]
@@ -49,6 +50,8 @@ class Refresher:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+        # Elections campaign until stopped, so they are held strongly, like a thread.
+        self._elections: set[Election] = set()
         self._cond = threading.Condition()
         self._due = 0.0
         self._stopping = False
@@ -70,14 +73,30 @@ class Refresher:
             if self._stopping:
                 return
             self._locks.add(lock)
-            due = time.monotonic() + _interval(lock.ttl)
-            self._due = due if len(self._locks) == 1 else min(self._due, due)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="mongolock-refresher", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+            self._schedule(time.monotonic() + _interval(lock.ttl))
+
+    def add_election(self, election: Election) -> None:
+        """Campaign for ``election`` on every tick from now on (the first one at once)."""
+        with self._cond:
+            if self._stopping:
+                return
+            self._elections.add(election)
+            self._schedule(time.monotonic())
+
+    def remove_election(self, election: Election) -> None:
+        with self._cond:
+            self._elections.discard(election)
+
+    def _schedule(self, due: float) -> None:
+        """Tick no later than ``due``; start the thread on first need (holding ``_cond``)."""
+        idle = len(self._locks) + len(self._elections) <= 1
+        self._due = due if idle else min(self._due, due)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="mongolock-refresher", daemon=True
+            )
+            self._thread.start()
+        self._cond.notify()
 
     def unregister(self, lock: Lock) -> None:
         with self._cond:
@@ -101,9 +120,11 @@ class Refresher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (not self._locks or time.monotonic() < self._due):
-                    wait = None if not self._locks else self._due - time.monotonic()
-                    self._cond.wait(wait)
+                while not self._stopping and (
+                    not (self._locks or self._elections) or time.monotonic() < self._due
+                ):
+                    busy = self._locks or self._elections
+                    self._cond.wait(self._due - time.monotonic() if busy else None)
                 if self._stopping:
                     return
             try:
@@ -114,11 +135,17 @@ class Refresher:
                     self._due = time.monotonic() + RETRY_INTERVAL
 
     def tick(self) -> None:
-        """Extend every held lease now: one write per collection, then mark the lost ones."""
+        """Extend every held lease now: one write per collection, then mark the lost ones.
+
+        Then campaign for the elections this process is not leading.
+        """
         locks = [lock for lock in self.held() if lock.refreshable]
-        if not locks:
+        with self._cond:
+            elections = list(self._elections)
+        leases = [lock.ttl for lock in locks] + [election.ttl for election in elections]
+        if not leases:
             return
-        shortest = min(lock.ttl for lock in locks)
+        shortest = min(leases)
         next_due = time.monotonic() + _interval(shortest)
         groups: dict[LockStore, list[Lock]] = defaultdict(list)
         lost: list[tuple[Lock, str]] = []
@@ -130,7 +157,11 @@ class Refresher:
         for store, group in groups.items():
             sent_at = time.monotonic()
             try:
-                gone = store.refresh_many([(lk.key, lk.owner, lk.token) for lk in group])
+                gone = store.refresh_many(
+                    [(lk.key, lk.owner, lk.token) for lk in group if not lk.shared]
+                ) | store.refresh_shared_many(
+                    [(lk.key, lk.owner, lk.token) for lk in group if lk.shared]
+                )
             except MongoLockError as exc:
                 if not self._unreachable:
                     logger.warning("cannot refresh %d lock(s): %s", len(group), exc)
@@ -168,6 +199,11 @@ class Refresher:
         self.ticks += 1
         for lock, reason in lost:
             lock._mark_lost(reason)
+        for election in elections:
+            try:
+                election.campaign()
+            except Exception:  # one election must not stop the others, nor the thread
+                logger.exception("campaign for %r failed", election.key)
 
     def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
         """Release every lock still held, one write per collection, within ``timeout``."""
@@ -183,7 +219,12 @@ class Refresher:
         for store, group in groups.items():
             try:
                 with pymongo.timeout(timeout):
-                    released += store.release_many([(lk.key, lk.owner, lk.token) for lk in group])
+                    released += store.release_many(
+                        [(lk.key, lk.owner, lk.token) for lk in group if not lk.shared]
+                    )
+                    for lk in group:
+                        if lk.shared:
+                            released += store.release(lk.key, lk.owner, lk.token, shared=True)
             except (MongoLockError, pymongo.errors.PyMongoError) as exc:
                 logger.warning("could not release %d lock(s) at exit: %s", len(group), exc)
         return released

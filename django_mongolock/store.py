@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
@@ -28,6 +28,7 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
+from django_mongolock import queries
 from django_mongolock.exceptions import MongoLockError, ReplicaSetRequired, ServerUnavailable
 
 __all__ = [
@@ -46,34 +47,9 @@ Order = Literal["key", "-key", "expires", "-expires", "acquired", "-acquired"]
 KEY_INDEX: Final = "key_unique"
 TTL_INDEX: Final = "expires_at_ttl"
 
-# Fencing token from the cluster time: seconds * 2**31 + increment. The server keeps the
-# increment below 2**31, so tokens stay ordered like cluster times and fit in an int64
-# until the year 2106. The cluster time only moves forward, also across elections.
-_CLUSTER_TOKEN: Final = {
-    "$add": [
-        {"$multiply": [{"$toLong": {"$tsSecond": "$$CLUSTER_TIME"}}, 2**31]},
-        {"$toLong": {"$tsIncrement": "$$CLUSTER_TIME"}},
-    ]
-}
-_FIELDS: Final = ("owner", "token", "acquired_at", "refreshed_at", "expires_at", "ttl")
-_LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
-# Waiters in line whose place has not lapsed.
-_LIVE_WAITERS: Final = {
-    "$filter": {
-        "input": {"$ifNull": ["$waiters", []]},
-        "as": "w",
-        "cond": {"$gt": ["$$w.until", "$$NOW"]},
-    }
-}
-_PROJECTION: Final = {
-    **dict.fromkeys(_FIELDS, 1),
-    "now": "$$NOW",
-    "waiting": {"$size": _LIVE_WAITERS},
-}
-# A released document kept for its waiters' line has no owner: it is no lock.
-_HELD: Final = {"owner": {"$ne": None}}
-# How long after the lease end it waits for a waiter keeps its place in line (ms).
-_PLACE_GRACE_MS: Final = 2000
+_LIVE: Final = queries.LIVE
+_PROJECTION: Final = queries.PROJECTION
+_HELD: Final = queries.HELD
 _SORTS: Final[Mapping[str, list[tuple[str, int]]]] = {
     "key": [("_id", ASCENDING)],
     "-key": [("_id", DESCENDING)],
@@ -88,8 +64,34 @@ _NO_CLUSTER_TIME: Final = frozenset({51144, 10071})
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """One shared holder of a key (a shared lock or a semaphore slot)."""
+
+    owner: str
+    token: int
+    acquired_at: datetime
+    expires_at: datetime
+    ttl: float
+
+    def as_dict(self, now: datetime) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "token": self.token,
+            "acquired_at": self.acquired_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "ttl": self.ttl,
+            "live": self.expires_at > now,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class LockInfo:
-    """A lock document as the server saw it at ``now`` (server time)."""
+    """A lock document as the server saw it at ``now`` (server time).
+
+    An exclusive lock has its holder in ``owner``; a shared lock or a semaphore has
+    ``mode == "shared"``, an empty ``owner``, and its holders in ``holders`` (then
+    ``token`` is the latest token handed out and ``expires_at`` the latest lease end).
+    """
 
     key: str
     owner: str
@@ -100,11 +102,24 @@ class LockInfo:
     ttl: float
     now: datetime
     waiting: int = 0
+    mode: Literal["exclusive", "shared"] = "exclusive"
+    limit: int | None = None
+    group: str | None = None
+    kind: str | None = None
+    holders: tuple[Holder, ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == "shared"
+
+    @property
+    def live_holders(self) -> tuple[Holder, ...]:
+        return tuple(holder for holder in self.holders if holder.expires_at > self.now)
 
     @property
     def held(self) -> bool:
         """Somebody holds it (it may be free, with waiters in line, after a release)."""
-        return bool(self.owner)
+        return bool(self.owner) or bool(self.live_holders)
 
     @property
     def live(self) -> bool:
@@ -119,11 +134,29 @@ class LockInfo:
         """Seconds until the lease ends (negative once it has ended), by the server's clock."""
         return (self.expires_at - self.now).total_seconds()
 
+    @property
+    def next_free_in(self) -> float:
+        """Seconds until a waiter may get in: the first shared lease end, or the lease end."""
+        live = self.live_holders
+        if self.owner or not live:
+            return self.remaining
+        return min((holder.expires_at - self.now).total_seconds() for holder in live)
+
+    @property
+    def holder_label(self) -> str:
+        """Who holds it, for people: the owner, or a count of shared holders."""
+        if self.owner or not self.shared:
+            return self.owner
+        count = len(self.live_holders)
+        of = f"/{self.limit}" if self.limit else ""
+        return f"{count}{of} shared holder{'s' if count != 1 else ''}"
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping (ISO 8601 times) for ``--json`` output and APIs."""
-        return {
+        data: dict[str, Any] = {
             "key": self.key,
             "state": self.state,
+            "mode": self.mode,
             "owner": self.owner,
             "token": self.token,
             "acquired_at": self.acquired_at.isoformat(),
@@ -134,10 +167,46 @@ class LockInfo:
             "waiting": self.waiting,
             "server_time": self.now.isoformat(),
         }
+        if self.shared:
+            data["limit"] = self.limit
+            data["holders"] = [holder.as_dict(self.now) for holder in self.holders]
+        if self.group:
+            data["group"] = self.group
+        if self.kind:
+            data["kind"] = self.kind
+        return data
+
+    def as_holder(self, owner: str) -> LockInfo | None:
+        """The lease of shared holder ``owner``, as an exclusive-looking LockInfo."""
+        for holder in self.holders:
+            if holder.owner == owner:
+                return LockInfo(
+                    key=self.key,
+                    owner=owner,
+                    token=holder.token,
+                    acquired_at=holder.acquired_at,
+                    refreshed_at=self.refreshed_at,
+                    expires_at=holder.expires_at,
+                    ttl=holder.ttl,
+                    now=self.now,
+                    mode="shared",
+                    limit=self.limit,
+                )
+        return None
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> LockInfo:
         epoch = datetime.fromtimestamp(0, UTC)
+        holders = tuple(
+            Holder(
+                owner=str(entry.get("owner", "")),
+                token=int(entry.get("token", 0)),
+                acquired_at=entry.get("acquired_at", epoch),
+                expires_at=entry.get("expires_at", epoch),
+                ttl=float(entry.get("ttl", 0.0)),
+            )
+            for entry in doc.get("holders") or ()
+        )
         return cls(
             key=doc["_id"],
             owner=str(doc.get("owner") or ""),
@@ -148,6 +217,11 @@ class LockInfo:
             ttl=float(doc.get("ttl", 0.0)),
             now=doc["now"],
             waiting=int(doc.get("waiting", 0)),
+            mode="shared" if doc.get("mode") == "shared" else "exclusive",
+            limit=doc.get("limit"),
+            group=doc.get("group"),
+            kind=doc.get("kind"),
+            holders=holders,
         )
 
 
@@ -161,12 +235,21 @@ class IndexAction:
     detail: str = ""
 
 
+class _Described(Protocol):
+    """What error messages need to know of a store: the servers and the timeout."""
+
+    def servers(self) -> list[str]: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+
 class _Translate:
     """Turns driver errors into this package's errors, naming the servers but no credentials."""
 
     __slots__ = ("_store",)
 
-    def __init__(self, store: LockStore) -> None:
+    def __init__(self, store: _Described) -> None:
         self._store = store
 
     def __enter__(self) -> None:
@@ -239,85 +322,37 @@ class LockStore:
 
     # -- the holder's operations -------------------------------------------------------------
 
-    def acquire(self, key: str, owner: str, ttl: float, *, queue: bool = False) -> LockInfo:
-        """Take ``key`` for ``owner`` unless a live lease holds it: one round trip either way.
+    def acquire(
+        self,
+        key: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue: bool = False,
+        shared: bool = False,
+        limit: int | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> LockInfo:
+        """Take ``key`` for ``owner`` if it is free for it: one round trip either way.
 
-        Returns the document after the update: the caller holds the lock when its owner is
-        ``owner``; otherwise it names the current holder and when its lease ends. With
-        ``queue`` (a blocking acquirer), a caller that does not get the lock joins the
-        document's line of waiters, and a free lock goes to the first live waiter in
-        line, so a releaser cannot grab its lock straight back from those who waited.
+        Returns the document after the update: the caller holds the lock when its owner
+        is ``owner`` (or, shared, when it is among ``holders``); otherwise it says who
+        holds it and when their leases end. See ``queries.acquire``.
         """
-        me = {"$literal": owner}
-        taken = {
-            "_id": "$_id",
-            "key": "$_id",
-            "owner": me,
-            "token": {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, _CLUSTER_TOKEN]},
-            "acquired_at": "$$NOW",
-            "refreshed_at": "$$NOW",
-            "expires_at": {"$add": ["$$NOW", round(ttl * 1000)]},
-            "ttl": ttl,
-            "waiters": {"$filter": {"input": "$_q", "as": "w", "cond": {"$ne": ["$$w.owner", me]}}},
-        }
-        if queue:
-            # A waiter's place lapses if it has not tried again by shortly after the lease
-            # end it was told to wait for (it wakes at that lease end at the latest).
-            until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, _PLACE_GRACE_MS]}
-            busy: Any = {
-                "$mergeObjects": [
-                    "$$ROOT",
-                    {
-                        "waiters": {
-                            "$cond": [
-                                {"$in": [me, "$_q.owner"]},
-                                {
-                                    "$map": {
-                                        "input": "$_q",
-                                        "as": "w",
-                                        "in": {
-                                            "$cond": [
-                                                {"$eq": ["$$w.owner", me]},
-                                                {"owner": me, "until": until},
-                                                "$$w",
-                                            ]
-                                        },
-                                    }
-                                },
-                                {"$concatArrays": ["$_q", [{"owner": me, "until": until}]]},
-                            ]
-                        }
-                    },
-                ]
-            }
-        else:
-            busy = "$$ROOT"
-        # A missing expires_at sorts below every date, so a fresh upsert takes the lock.
-        free = {"$lte": ["$expires_at", "$$NOW"]}
-        my_turn = {
-            "$or": [
-                {"$eq": [{"$size": "$_q"}, 0]},
-                {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
-            ]
-        }
-        pipeline: list[dict[str, Any]] = [
-            {"$set": {"_q": _LIVE_WAITERS}},
-            {"$replaceWith": {"$cond": [{"$and": [free, my_turn]}, taken, busy]}},
-            {"$unset": "_q"},
-        ]
+        op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
-                doc = self._acquire_once(key, pipeline)
+                doc = self._upsert(key, op)
             except DuplicateKeyError:
                 # Two upserts raced to create the document; the loser simply tries again.
-                doc = self._acquire_once(key, pipeline)
+                doc = self._upsert(key, op)
         return LockInfo.from_document(doc)
 
-    def _acquire_once(self, key: str, pipeline: list[dict[str, Any]]) -> Mapping[str, Any]:
+    def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         doc = self.collection.find_one_and_update(
             {"_id": key},
-            pipeline,
-            projection=_PROJECTION,
+            op.pipeline,
+            projection=op.projection,
             upsert=True,
             return_document=ReturnDocument.AFTER,
         )
@@ -327,55 +362,43 @@ class LockStore:
     def leave_queue(self, key: str, owner: str) -> None:
         """Give up a waiter's place in line (it stopped waiting)."""
         with self._translate:
-            self.collection.update_one({"_id": key}, {"$pull": {"waiters": {"owner": owner}}})
+            self.collection.update_one(*queries.leave_queue(key, owner))
 
-    def refresh(self, key: str, owner: str, token: int, ttl: float) -> LockInfo | None:
+    def _update(self, op: queries.Update) -> Any:
+        return self.collection.find_one_and_update(
+            op.filter,
+            op.pipeline,
+            projection=op.projection,
+            return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
+        )
+
+    def refresh(
+        self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False
+    ) -> LockInfo | None:
         """Extend a live lease held by ``owner``/``token``; None when it is no longer held."""
+        op = (queries.refresh_shared if shared else queries.refresh)(key, owner, token, ttl)
         with self._translate:
-            doc = self.collection.find_one_and_update(
-                {"_id": key, "owner": owner, "token": token, "$expr": _LIVE},
-                [
-                    {
-                        "$set": {
-                            "expires_at": {"$add": ["$$NOW", round(ttl * 1000)]},
-                            "refreshed_at": "$$NOW",
-                            "ttl": ttl,
-                        }
-                    }
-                ],
-                projection=_PROJECTION,
-                return_document=ReturnDocument.AFTER,
-            )
-        return None if doc is None else LockInfo.from_document(doc)
+            doc = self._update(op)
+        if doc is None:
+            return None
+        info = LockInfo.from_document(doc)
+        return info.as_holder(owner) if shared else info
 
-    def release(self, key: str, owner: str, token: int) -> bool:
+    def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
         """Give the holder's lock up; True only if its lease had not ended yet.
 
-        Without waiters in line the document is deleted (one round trip). With waiters
-        it is kept, free, so that their line survives; the change stream wakes them
-        either way. The filter on owner and token means a release can never touch
-        somebody else's lock.
+        Exclusive, without waiters in line, the document is deleted (one round trip);
+        with waiters it is kept, free, so that their line survives. A shared holder's
+        entry is removed. The change stream wakes the waiters either way, and the
+        filter on owner and token means a release never touches somebody else's lock.
         """
-        mine = {"_id": key, "owner": owner, "token": token}
+        op = (queries.release_shared if shared else queries.release)(key, owner, token)
         with self._translate:
-            doc = self.collection.find_one_and_delete(
-                {**mine, "waiters.0": {"$exists": False}}, projection={"_id": 0, "live": _LIVE}
-            )
+            doc = None
+            if op.delete is not None:
+                doc = self.collection.find_one_and_delete(op.delete[0], projection=op.delete[1])
             if doc is None:
-                doc = self.collection.find_one_and_update(
-                    mine,
-                    [
-                        {
-                            "$set": {
-                                "owner": None,
-                                "released_at": "$$NOW",
-                                "expires_at": {"$min": ["$expires_at", "$$NOW"]},
-                            }
-                        }
-                    ],
-                    projection={"_id": 0, "live": _LIVE},
-                    return_document=ReturnDocument.BEFORE,
-                )
+                doc = self._update(op.keep)
         return bool(doc is not None and doc.get("live"))
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
@@ -411,6 +434,26 @@ class LockStore:
                 return set()
             alive = {doc["owner"] for doc in self.collection.find(query, projection={"owner": 1})}
         return set(owners) - alive
+
+    def refresh_shared_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """Extend every live shared lease in ``held`` (key, owner, token): one write, one read.
+
+        Returns the owners whose lease could not be extended.
+        """
+        if not held:
+            return set()
+        owners = {owner for _, owner, _ in held}
+        query, pipeline = queries.refresh_shared_many(sorted(owners))
+        alive: set[str] = set()
+        with self._translate:
+            self.collection.update_many(query, pipeline)
+            for doc in self.collection.find(query, projection={"holders": 1, "now": "$$NOW"}):
+                alive.update(
+                    entry["owner"]
+                    for entry in doc.get("holders") or ()
+                    if entry.get("owner") in owners and entry["expires_at"] > doc["now"]
+                )
+        return owners - alive
 
     def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
         """Delete the holders' documents in one write (at exit); how many were removed."""

@@ -7,12 +7,34 @@ key only, so the waiters try again at once instead of at their next poll.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 __all__ = ["Waiters"]
+
+
+class _Wakeable(Protocol):
+    def set(self) -> None: ...
+
+
+class _LoopEvent:
+    """An asyncio.Event that any thread may set (through its loop)."""
+
+    __slots__ = ("event", "loop")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def set(self) -> None:
+        # A closed loop raises RuntimeError: nobody waits there any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.event.set)
 
 
 class Waiters:
@@ -21,15 +43,28 @@ class Waiters:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._mutex = threading.Lock()
-        self._events: dict[str, set[threading.Event]] = {}
+        self._events: dict[str, set[_Wakeable]] = {}
 
     @contextmanager
     def subscribe(self, key: str) -> Iterator[threading.Event]:
+        """A thread's wake-up event for ``key``, registered while the block runs."""
         event = threading.Event()
+        with self._registered(key, event):
+            yield event
+
+    @contextmanager
+    def subscribe_async(self, key: str) -> Iterator[asyncio.Event]:
+        """A coroutine's wake-up event for ``key``, set through its event loop."""
+        waker = _LoopEvent()
+        with self._registered(key, waker):
+            yield waker.event
+
+    @contextmanager
+    def _registered(self, key: str, event: _Wakeable) -> Iterator[None]:
         with self._mutex:
             self._events.setdefault(key, set()).add(event)
         try:
-            yield event
+            yield
         finally:
             with self._mutex:
                 events = self._events.get(key)

@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from io import StringIO
 from types import SimpleNamespace
@@ -421,7 +422,7 @@ def test_on_busy_raise_on_a_view(hold: Any) -> None:
 # -- coroutines ------------------------------------------------------------------------------
 
 
-def test_async_function_free_and_off_the_event_loop(
+def test_async_function_free_and_acquired_on_the_event_loop(
     lock_events: list[tuple[str, Any]],
 ) -> None:
     acquiring_threads: list[int] = []
@@ -450,10 +451,37 @@ def test_async_function_free_and_off_the_event_loop(
         lock_acquired.disconnect(record)
     assert sorted(key for key, _ in results) == ["async-1", "async-2"]
     assert all(thread == loop_thread for _, thread in results)  # the body runs in the loop
-    assert len(acquiring_threads) == 2
-    assert loop_thread not in acquiring_threads  # the blocking acquire did not
+    # Acquired through the async client, on the loop itself: no worker thread needed.
+    assert acquiring_threads == [loop_thread, loop_thread]
     assert [name for name, _ in lock_events].count("released") == 2
     assert locks.count() == 0
+
+
+def test_async_waiting_does_not_block_the_event_loop(hold: Any) -> None:
+    hold("slow-async")
+    ticks: list[float] = []
+
+    @locked("slow-async", blocking=True, timeout=1.0)
+    async def work() -> None:
+        raise AssertionError("must not run")
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    async def main() -> None:
+        beat = asyncio.ensure_future(ticker())
+        try:
+            with pytest.raises(LockNotAcquired):
+                await work()
+        finally:
+            beat.cancel()
+
+    asyncio.run(main())
+    # The loop kept running while the call waited a second for the lock.
+    assert len(ticks) >= 10
+    assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.5
 
 
 def test_async_function_busy_and_on_busy_modes(hold: Any) -> None:

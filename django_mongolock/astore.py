@@ -1,0 +1,112 @@
+"""The holder's queries on pymongo's async client, for ``aacquire`` and ``alock``.
+
+The same queries as the sync store (built by ``queries``), so both APIs share every
+guarantee; only the driver calls differ. Inspection and operator queries stay sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pymongo import AsyncMongoClient, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from django_mongolock import queries
+from django_mongolock.store import _CODEC, LockInfo, _Translate
+
+__all__ = ["AsyncLockStore"]
+
+
+class AsyncLockStore:
+    """The lock collection through an ``AsyncMongoClient`` (one per event loop)."""
+
+    def __init__(self, client: AsyncMongoClient[Any], database: str, collection: str) -> None:
+        self.client = client
+        self.collection: AsyncCollection[Any] = client[database][collection].with_options(
+            codec_options=_CODEC,
+            write_concern=WriteConcern(w="majority"),
+            read_concern=ReadConcern("majority"),
+        )
+        self._translate = _Translate(self)
+
+    def servers(self) -> list[str]:
+        return [
+            f"{host}:{port}"
+            for host, port in self.client.topology_description.server_descriptions()
+        ]
+
+    @property
+    def timeout(self) -> float | None:
+        return float(self.client.options.server_selection_timeout)
+
+    async def acquire(
+        self,
+        key: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue: bool = False,
+        shared: bool = False,
+        limit: int | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> LockInfo:
+        op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
+        with self._translate:
+            try:
+                doc = await self._upsert(key, op)
+            except DuplicateKeyError:
+                doc = await self._upsert(key, op)
+        return LockInfo.from_document(doc)
+
+    async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
+        doc = await self.collection.find_one_and_update(
+            {"_id": key},
+            op.pipeline,
+            projection=op.projection,
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+        )
+        assert doc is not None  # an upsert with AFTER always returns the document
+        return doc  # type: ignore[no-any-return]
+
+    async def _update(self, op: queries.Update) -> Any:
+        return await self.collection.find_one_and_update(
+            op.filter,
+            op.pipeline,
+            projection=op.projection,
+            return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
+        )
+
+    async def leave_queue(self, key: str, owner: str) -> None:
+        with self._translate:
+            await self.collection.update_one(*queries.leave_queue(key, owner))
+
+    async def refresh(
+        self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False
+    ) -> LockInfo | None:
+        op = (queries.refresh_shared if shared else queries.refresh)(key, owner, token, ttl)
+        with self._translate:
+            doc = await self._update(op)
+        if doc is None:
+            return None
+        info = LockInfo.from_document(doc)
+        return info.as_holder(owner) if shared else info
+
+    async def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
+        op = (queries.release_shared if shared else queries.release)(key, owner, token)
+        with self._translate:
+            doc = None
+            if op.delete is not None:
+                doc = await self.collection.find_one_and_delete(
+                    op.delete[0], projection=op.delete[1]
+                )
+            if doc is None:
+                doc = await self._update(op.keep)
+        return bool(doc is not None and doc.get("live"))
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -1,0 +1,306 @@
+"""Beyond the mutex: semaphores, lock groups and leader election, built on LockManager.
+
+A semaphore is a shared lock with a limit; a group takes several exclusive locks in one
+global order; an election is an exclusive lock that the refresher thread keeps trying to
+take (campaigning) and keeps alive once taken. None of them adds a thread of its own:
+election callbacks run in a short-lived thread each, outside the refresher's tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from django_mongolock.exceptions import LockNotAcquired, MongoLockError
+from django_mongolock.lock import Lock
+from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
+
+if TYPE_CHECKING:
+    from django_mongolock.manager import LockContext, LockManager
+    from django_mongolock.store import Holder
+
+__all__ = ["Election", "LockGroup", "Semaphore"]
+
+logger = logging.getLogger("django_mongolock.primitives")
+
+
+class Semaphore:
+    """At most ``limit`` holders of ``key`` at once, each with its own lease and token.
+
+    Holders are shared leases of the key, so the same waiting, refreshing, fencing and
+    loss detection apply as to any lock. Build it at import time if you like: it
+    touches no server until ``acquire``.
+    """
+
+    def __init__(
+        self, manager: LockManager, key: str, limit: int, *, ttl: float | None = None
+    ) -> None:
+        self.key = validate_key(key)
+        if type(limit) is not int:
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        self.ttl = None if ttl is None else validate_ttl(ttl)
+        self._manager = manager
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.key!r} limit={self.limit}>"
+
+    def acquire(
+        self,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        ttl: float | None = None,
+        on_lost: Callable[[Lock], object] | None = None,
+        refresh: bool | None = None,
+    ) -> Lock:
+        """Take one of the ``limit`` slots (a shared lease); LockNotAcquired when all are taken."""
+        return self._manager.acquire(
+            self.key,
+            ttl=self.ttl if ttl is None else ttl,
+            blocking=blocking,
+            timeout=timeout,
+            shared=True,
+            limit=self.limit,
+            on_lost=on_lost,
+            refresh=refresh,
+        )
+
+    def lock(
+        self, *, blocking: bool = True, timeout: float | None = None, ttl: float | None = None
+    ) -> LockContext:
+        """``with sem.lock():`` takes a slot on entry and gives it back on exit."""
+        return self._manager.lock(
+            self.key,
+            ttl=self.ttl if ttl is None else ttl,
+            blocking=blocking,
+            timeout=timeout,
+            shared=True,
+            limit=self.limit,
+        )
+
+    def holders(self) -> tuple[Holder, ...]:
+        """The live holders right now (by the server's clock)."""
+        info = self._manager.store.find(self.key)
+        return () if info is None else info.live_holders
+
+
+class LockGroup:
+    """Several exclusive locks taken all or nothing under one group id, released together."""
+
+    def __init__(self, group_id: str, locks: Iterable[Lock]) -> None:
+        self.group_id = group_id
+        self.locks: dict[str, Lock] = {lock.key: lock for lock in locks}
+
+    def __repr__(self) -> str:
+        return f"<LockGroup {self.group_id} keys={list(self.locks)}>"
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token of each key."""
+        return {key: lock.token for key, lock in self.locks.items()}
+
+    @property
+    def valid(self) -> bool:
+        """True while every lock of the group is held."""
+        return all(lock.valid for lock in self.locks.values())
+
+    def refresh(self, ttl: float | None = None) -> LockGroup:
+        """Extend every lease of the group (LockLost if any of them is gone)."""
+        for lock in self.locks.values():
+            lock.refresh(ttl)
+        return self
+
+    def release(self) -> bool:
+        """Release every lock; True if all of them were still held."""
+        results = [lock.release() for lock in reversed(list(self.locks.values()))]
+        return all(results)
+
+    def __enter__(self) -> LockGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    @classmethod
+    def acquire(
+        cls,
+        manager: LockManager,
+        keys: Iterable[str],
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        refresh: bool | None = None,
+    ) -> LockGroup:
+        if isinstance(keys, str | bytes):
+            raise TypeError("keys must be an iterable of keys, not a single key")
+        ordered = sorted({validate_key(key) for key in keys})
+        if not ordered:
+            raise ValueError("a lock group needs at least one key")
+        if ttl is not None:
+            validate_ttl(ttl)
+        wait = validate_timeout(timeout, blocking=blocking)
+        keep = manager.refresh if refresh is None else refresh
+        if type(keep) is not bool:
+            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        group_id = secrets.token_hex(8)
+        deadline = None if wait is None else time.monotonic() + wait
+        taken: list[Lock] = []
+        try:
+            for key in ordered:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                request = manager._request(key, ttl, False, None, tags={"group": group_id})
+                taken.append(manager._acquire(request, left, keep, None))
+        except BaseException:
+            for lock in reversed(taken):
+                try:
+                    lock.release()
+                except MongoLockError:
+                    logger.warning("could not release %r after a failed group", lock.key)
+            raise
+        return cls(group_id, taken)
+
+
+class Election:
+    """Campaigns for the exclusive lock ``key`` until stopped; the holder is the leader.
+
+    The process's refresher thread tries to take the lock about three times per lease
+    while this process is not the leader, and keeps the lease alive while it is. When
+    the lease is lost (another process force-released it, or it could not be refreshed
+    in time) the election notices within one refresh tick, calls ``on_demoted`` and
+    campaigns again. Callbacks run in a thread of their own, never in the refresher's.
+    """
+
+    def __init__(
+        self,
+        manager: LockManager,
+        key: str,
+        *,
+        on_elected: Callable[[Election], object] | None = None,
+        on_demoted: Callable[[Election], object] | None = None,
+        ttl: float | None = None,
+    ) -> None:
+        self.key = validate_key(key)
+        self.ttl = manager.ttl if ttl is None else validate_ttl(ttl)
+        self.on_elected = on_elected
+        self.on_demoted = on_demoted
+        self._manager = manager
+        self._lock: Lock | None = None
+        self._mutex = threading.Lock()
+        self._active = threading.Event()
+        self.changed = threading.Event()
+        self.terms = 0
+
+    def __repr__(self) -> str:
+        role = "leader" if self.is_leader else "follower"
+        return f"<Election {self.key!r} {role}>"
+
+    @property
+    def is_leader(self) -> bool:
+        lock = self._lock
+        return lock is not None and lock.valid
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this process's current term, or None when not leading."""
+        lock = self._lock
+        return lock.token if lock is not None and lock.valid else None
+
+    @property
+    def running(self) -> bool:
+        return self._active.is_set()
+
+    def leader(self) -> str | None:
+        """The current leader's owner id (any process), or None."""
+        return self._manager.leader(self.key)
+
+    def start(self) -> None:
+        from django_mongolock.refresher import get_refresher
+
+        with self._mutex:
+            if self._active.is_set():
+                return
+            self._active.set()
+        get_refresher().add_election(self)
+
+    def stop(self) -> None:
+        """Stop campaigning; a leader steps down (releases) and ``on_demoted`` runs."""
+        from django_mongolock.refresher import get_refresher
+
+        with self._mutex:
+            self._active.clear()
+            lock, self._lock = self._lock, None
+        get_refresher().remove_election(self)
+        if lock is not None and lock.valid:
+            lock.on_lost = None
+            try:
+                lock.release()
+            finally:
+                self._callback(self.on_demoted)
+
+    def campaign(self) -> None:
+        """One attempt to become leader (called from the refresher's tick)."""
+        if not self._active.is_set() or self.is_leader:
+            return
+        request = self._manager._request(self.key, self.ttl, False, None, tags={"kind": "election"})
+        try:
+            lock = self._manager._acquire(request, 0.0, True, self._demoted)
+        except LockNotAcquired:
+            return
+        except MongoLockError as exc:
+            logger.warning("campaign for %r failed: %s", self.key, exc)
+            return
+        with self._mutex:
+            if not self._active.is_set():  # stopped while this attempt ran
+                lock.on_lost = None
+                lock.release()
+                return
+            self._lock = lock
+            self.terms += 1
+        logger.info("elected leader of %r (token %s)", self.key, lock.token)
+        self._callback(self.on_elected)
+
+    def _demoted(self, lock: Lock) -> None:
+        with self._mutex:
+            if self._lock is not lock:
+                return
+            self._lock = None
+        logger.warning("demoted: lost the leadership of %r (token %s)", self.key, lock.token)
+        self._callback(self.on_demoted)
+
+    def _callback(self, callback: Callable[[Election], object] | None) -> None:
+        self.changed.set()
+        if callback is None:
+            return
+
+        def run() -> None:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("election callback for %r failed", self.key)
+
+        threading.Thread(target=run, name="mongolock-election-callback", daemon=True).start()
+
+    def __enter__(self) -> Election:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,421 @@
+"""The holder's queries, built as plain data so the sync and async stores run the same ones.
+
+One document per key. An exclusive holder lives in the top-level fields (``owner``,
+``token``, ``expires_at``...). Shared holders (shared locks and semaphores) live in
+``holders``, with ``owner`` null and the top-level ``expires_at`` set to the latest of
+their leases, so that "is this key free for an exclusive holder?" stays one comparison
+with ``$$NOW``, and the TTL index and listings treat both kinds alike. Every decision
+about time is made by the server inside the update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "CLUSTER_TOKEN",
+    "HELD",
+    "LIVE",
+    "PROJECTION",
+    "Acquire",
+    "Release",
+    "Update",
+    "acquire",
+    "leave_queue",
+    "refresh",
+    "refresh_shared",
+    "release",
+    "release_shared",
+]
+
+# Fencing token from the cluster time: seconds * 2**31 + increment. The server keeps the
+# increment below 2**31, so tokens stay ordered like cluster times and fit in an int64
+# until the year 2106. The cluster time only moves forward, also across elections.
+CLUSTER_TOKEN: Final = {
+    "$add": [
+        {"$multiply": [{"$toLong": {"$tsSecond": "$$CLUSTER_TIME"}}, 2**31]},
+        {"$toLong": {"$tsIncrement": "$$CLUSTER_TIME"}},
+    ]
+}
+LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
+# Waiters in line whose place has not lapsed.
+LIVE_WAITERS: Final = {
+    "$filter": {
+        "input": {"$ifNull": ["$waiters", []]},
+        "as": "w",
+        "cond": {"$gt": ["$$w.until", "$$NOW"]},
+    }
+}
+LIVE_HOLDERS: Final = {
+    "$filter": {
+        "input": {"$ifNull": ["$holders", []]},
+        "as": "h",
+        "cond": {"$gt": ["$$h.expires_at", "$$NOW"]},
+    }
+}
+FIELDS: Final = (
+    "owner",
+    "token",
+    "acquired_at",
+    "refreshed_at",
+    "expires_at",
+    "ttl",
+    "mode",
+    "limit",
+    "group",
+    "kind",
+    "holders",
+)
+PROJECTION: Final = {
+    **dict.fromkeys(FIELDS, 1),
+    "now": "$$NOW",
+    "waiting": {"$size": LIVE_WAITERS},
+}
+# A document is a lock while it has an exclusive owner or shared holders; a released
+# document kept for its waiters' line has neither.
+HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists": True}}]}
+# How long after the lease end it waits for a waiter keeps its place in line (ms).
+PLACE_GRACE_MS: Final = 2000
+_NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER_TOKEN]}
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """One upsert: ``find_one_and_update({"_id": key}, pipeline, projection, upsert)``."""
+
+    pipeline: list[dict[str, Any]]
+    projection: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One ``find_one_and_update(filter, pipeline, projection)``."""
+
+    filter: dict[str, Any]
+    pipeline: list[dict[str, Any]]
+    projection: dict[str, Any]
+    return_after: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A release: try ``delete`` (filter, projection) first; if it matched nothing, ``keep``."""
+
+    delete: tuple[dict[str, Any], dict[str, Any]] | None
+    keep: Update
+
+
+def _lease_end(ttl: float) -> dict[str, Any]:
+    return {"$add": ["$$NOW", round(ttl * 1000)]}
+
+
+def _mine(me: Mapping[str, Any]) -> dict[str, Any]:
+    """This owner's entry in ``holders`` (missing when it has none)."""
+    return {
+        "$arrayElemAt": [
+            {
+                "$filter": {
+                    "input": {"$ifNull": ["$holders", []]},
+                    "as": "h",
+                    "cond": {"$eq": ["$$h.owner", me]},
+                }
+            },
+            0,
+        ]
+    }
+
+
+def _queue_busy(me: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with ``me`` in its line of waiters (added, or its place renewed).
+
+    A waiter's place lapses unless it tries again by shortly after the lease end it was
+    told to wait for (it wakes at that lease end at the latest).
+    """
+    until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
+    place = {"owner": me, "until": until}
+    return {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "waiters": {
+                    "$cond": [
+                        {"$in": [me, "$_q.owner"]},
+                        {
+                            "$map": {
+                                "input": "$_q",
+                                "as": "w",
+                                "in": {"$cond": [{"$eq": ["$$w.owner", me]}, place, "$$w"]},
+                            }
+                        },
+                        {"$concatArrays": ["$_q", [place]]},
+                    ]
+                }
+            },
+        ]
+    }
+
+
+def acquire(
+    owner: str,
+    ttl: float,
+    *,
+    queue: bool = False,
+    shared: bool = False,
+    limit: int | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Acquire:
+    """Take the key for ``owner`` if it is free for it, in one atomic upsert.
+
+    Exclusive: free when no lease (exclusive or shared) is live. Shared: free when no
+    exclusive lease is live and fewer than ``limit`` shared leases are. Either way a
+    free key goes to the first live waiter in line, if any, so a releaser cannot grab
+    its lock straight back from those who waited. With ``queue`` (a blocking
+    acquirer), a caller that does not get the key joins the line.
+    """
+    me = {"$literal": owner}
+    extra = {name: {"$literal": value} for name, value in (tags or {}).items()}
+    waiters = {"$filter": {"input": "$_q", "as": "w", "cond": {"$ne": ["$$w.owner", me]}}}
+    if shared:
+        entry = {
+            "owner": me,
+            "token": "$_t",
+            "acquired_at": "$$NOW",
+            "expires_at": _lease_end(ttl),
+            "ttl": ttl,
+            **extra,
+        }
+        taken: Any = {
+            "$mergeObjects": [
+                "$$ROOT",
+                {
+                    "key": "$_id",
+                    "mode": "shared",
+                    "limit": limit,
+                    "owner": None,
+                    "token": "$_t",
+                    "acquired_at": "$$NOW",
+                    "refreshed_at": "$$NOW",
+                    "expires_at": {"$max": [_lease_end(ttl), {"$max": "$_h.expires_at"}]},
+                    "ttl": ttl,
+                    "holders": {"$concatArrays": ["$_h", [entry]]},
+                    "waiters": waiters,
+                    "group": None,
+                    "kind": None,
+                },
+            ]
+        }
+        no_writer = {
+            "$or": [
+                {"$in": [{"$ifNull": ["$owner", None]}, [None, ""]]},
+                {"$lte": ["$expires_at", "$$NOW"]},
+            ]
+        }
+        room = True if limit is None else {"$lt": [{"$size": "$_h"}, limit]}
+        free: Any = {"$and": [no_writer, room]}
+        projection = {**PROJECTION, "mine": _mine(me)}
+    else:
+        taken = {
+            "_id": "$_id",
+            "key": "$_id",
+            "owner": me,
+            "token": "$_t",
+            "acquired_at": "$$NOW",
+            "refreshed_at": "$$NOW",
+            "expires_at": _lease_end(ttl),
+            "ttl": ttl,
+            "waiters": waiters,
+            **extra,
+        }
+        # A missing expires_at sorts below every date, so a fresh upsert takes the lock;
+        # shared leases keep the top-level expires_at at the latest of them.
+        free = {"$lte": ["$expires_at", "$$NOW"]}
+        projection = PROJECTION
+    my_turn = {
+        "$or": [
+            {"$eq": [{"$size": "$_q"}, 0]},
+            {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
+        ]
+    }
+    busy = _queue_busy(me) if queue else "$$ROOT"
+    pipeline: list[dict[str, Any]] = [
+        {
+            "$set": {
+                "_q": LIVE_WAITERS,
+                "_t": _NEW_TOKEN,
+                **({"_h": LIVE_HOLDERS} if shared else {}),
+            }
+        },
+        {"$replaceWith": {"$cond": [{"$and": [free, my_turn]}, taken, busy]}},
+        {"$unset": ["_q", "_t", "_h"] if shared else ["_q", "_t"]},
+    ]
+    return Acquire(pipeline, projection)
+
+
+def leave_queue(key: str, owner: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``update_one`` arguments that give up a waiter's place in line."""
+    return {"_id": key}, {"$pull": {"waiters": {"owner": owner}}}
+
+
+def refresh(key: str, owner: str, token: int, ttl: float) -> Update:
+    """Extend a live exclusive lease of ``owner``/``token``."""
+    return Update(
+        {"_id": key, "owner": owner, "token": token, "$expr": LIVE},
+        [{"$set": {"expires_at": _lease_end(ttl), "refreshed_at": "$$NOW", "ttl": ttl}}],
+        PROJECTION,
+    )
+
+
+def _holder_is(owner: str, *, live: bool) -> dict[str, Any]:
+    """True when ``owner`` has an entry in ``holders`` (and, with ``live``, a live one)."""
+    test: Any = {"$eq": ["$$h.owner", {"$literal": owner}]}
+    if live:
+        test = {"$and": [test, {"$gt": ["$$h.expires_at", "$$NOW"]}]}
+    return {
+        "$anyElementTrue": [
+            {"$map": {"input": {"$ifNull": ["$holders", []]}, "as": "h", "in": test}}
+        ]
+    }
+
+
+def refresh_shared(key: str, owner: str, token: int, ttl: float) -> Update:
+    """Extend a live shared lease of ``owner``/``token``."""
+    me = {"$literal": owner}
+    return Update(
+        {
+            "_id": key,
+            "holders": {"$elemMatch": {"owner": owner, "token": token}},
+            "$expr": _holder_is(owner, live=True),
+        },
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$map": {
+                            "input": "$holders",
+                            "as": "h",
+                            "in": {
+                                "$cond": [
+                                    {"$eq": ["$$h.owner", me]},
+                                    {
+                                        "$mergeObjects": [
+                                            "$$h",
+                                            {"expires_at": _lease_end(ttl), "ttl": ttl},
+                                        ]
+                                    },
+                                    "$$h",
+                                ]
+                            },
+                        }
+                    },
+                    "refreshed_at": "$$NOW",
+                }
+            },
+            {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
+        ],
+        {**PROJECTION, "mine": _mine(me)},
+    )
+
+
+def refresh_shared_many(owners: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``update_many`` arguments that extend every live shared lease of ``owners``."""
+    listed = {"$literal": list(owners)}
+    return (
+        {"holders.owner": {"$in": list(owners)}},
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$map": {
+                            "input": "$holders",
+                            "as": "h",
+                            "in": {
+                                "$cond": [
+                                    {
+                                        "$and": [
+                                            {"$in": ["$$h.owner", listed]},
+                                            {"$gt": ["$$h.expires_at", "$$NOW"]},
+                                        ]
+                                    },
+                                    {
+                                        "$mergeObjects": [
+                                            "$$h",
+                                            {
+                                                "expires_at": {
+                                                    "$add": [
+                                                        "$$NOW",
+                                                        {"$multiply": ["$$h.ttl", 1000]},
+                                                    ]
+                                                }
+                                            },
+                                        ]
+                                    },
+                                    "$$h",
+                                ]
+                            },
+                        }
+                    },
+                    "refreshed_at": "$$NOW",
+                }
+            },
+            {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
+        ],
+    )
+
+
+_FREED: Final = {"released_at": "$$NOW"}
+
+
+def release(key: str, owner: str, token: int) -> Release:
+    """Give up an exclusive lock: delete it, or free it in place for waiters in line.
+
+    The filter on owner and token means a release can never touch somebody else's lock.
+    """
+    mine = {"_id": key, "owner": owner, "token": token}
+    projection = {"_id": 0, "live": LIVE}
+    return Release(
+        ({**mine, "waiters.0": {"$exists": False}}, projection),
+        Update(
+            mine,
+            [
+                {
+                    "$set": {
+                        "owner": None,
+                        **_FREED,
+                        "expires_at": {"$min": ["$expires_at", "$$NOW"]},
+                    }
+                }
+            ],
+            projection,
+            return_after=False,
+        ),
+    )
+
+
+def release_shared(key: str, owner: str, token: int) -> Release:
+    """Give up a shared lease: drop this holder's entry (the document stays until purged)."""
+    me = {"$literal": owner}
+    return Release(
+        None,
+        Update(
+            {"_id": key, "holders": {"$elemMatch": {"owner": owner, "token": token}}},
+            [
+                {
+                    "$set": {
+                        "holders": {
+                            "$filter": {
+                                "input": "$holders",
+                                "as": "h",
+                                "cond": {"$ne": ["$$h.owner", me]},
+                            }
+                        },
+                        **_FREED,
+                    }
+                },
+                {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+            ],
+            {"_id": 0, "live": _holder_is(owner, live=True)},
+            return_after=False,
+        ),
+    )
