@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import json
 import threading
 import time
@@ -481,7 +482,7 @@ def test_async_waiting_does_not_block_the_event_loop(hold: Any) -> None:
     asyncio.run(main())
     # The loop kept running while the call waited a second for the lock.
     assert len(ticks) >= 10
-    assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.5
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.5
 
 
 def test_async_function_busy_and_on_busy_modes(hold: Any) -> None:

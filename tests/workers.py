@@ -37,3 +37,59 @@ def increment(url: str, database: str, rounds: int, key: str = "counter") -> int
         client.close()
         manager.close()
     return overlaps
+
+
+def readers_writers(url: str, database: str, rounds: int, seed: int, limit: int) -> dict[str, int]:
+    """Mix shared and exclusive holds of one key; count what the observer saw overlap.
+
+    Each holder announces itself in an observer document with an atomic increment and
+    checks what it found there: a writer must be alone, readers at most ``limit``.
+    """
+    import random
+
+    rng = random.Random(seed)
+    manager = LockManager(url, database=database, collection="locks")
+    client: MongoClient[dict[str, object]] = MongoClient(url, w="majority")
+    observer = client[database]["observer"]
+    seen = {"reads": 0, "writes": 0, "violations": 0, "max_readers": 0}
+    try:
+        for _ in range(rounds):
+            shared = rng.random() < 0.7
+            field = "readers" if shared else "writers"
+            with manager.lock(
+                "catalog", ttl=30, timeout=120, shared=shared, limit=limit if shared else None
+            ):
+                doc = observer.find_one_and_update(
+                    {"_id": "catalog"}, {"$inc": {field: 1}}, upsert=True, return_document=True
+                )
+                assert doc is not None
+                readers, writers = int(doc.get("readers", 0)), int(doc.get("writers", 0))
+                if shared:
+                    seen["reads"] += 1
+                    seen["max_readers"] = max(seen["max_readers"], readers)
+                    bad = writers != 0 or readers > limit
+                else:
+                    seen["writes"] += 1
+                    bad = writers != 1 or readers != 0
+                seen["violations"] += int(bad)
+                time.sleep(rng.uniform(0.001, 0.01))
+                observer.update_one({"_id": "catalog"}, {"$inc": {field: -1}})
+    finally:
+        client.close()
+        manager.close()
+    return seen
+
+
+def opposite_groups(url: str, database: str, rounds: int, reverse: bool) -> int:
+    """Take the group {a, b, c} ``rounds`` times, listing the keys in one order or the other."""
+    manager = LockManager(url, database=database, collection="locks")
+    keys = ["a", "b", "c"][::-1] if reverse else ["a", "b", "c"]
+    done = 0
+    try:
+        for _ in range(rounds):
+            with manager.acquire_group(keys, ttl=30, timeout=60):
+                time.sleep(0.002)
+                done += 1
+    finally:
+        manager.close()
+    return done

@@ -1,0 +1,348 @@
+"""Shared and exclusive locks, semaphores, lock groups and leader election on the real server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from django_mongolock import (
+    Election,
+    LockGroup,
+    LockManager,
+    LockNotAcquired,
+    Semaphore,
+)
+from tests.workers import opposite_groups, readers_writers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- shared and exclusive ----------------------------------------------------------------------
+
+
+def test_shared_holders_overlap_but_never_with_an_exclusive_one(
+    manager: LockManager, other: LockManager
+) -> None:
+    first = manager.acquire("catalog", shared=True, ttl=30)
+    second = other.acquire("catalog", shared=True, ttl=30)
+    assert first.shared
+    assert second.shared
+    assert second.token > first.token
+    with pytest.raises(LockNotAcquired, match="2 shared holders"):
+        other.acquire("catalog", blocking=False)
+    status = manager.status("catalog")
+    assert status is not None
+    assert status.mode == "shared"
+    assert [holder.owner for holder in status.live_holders] == [first.owner, second.owner]
+    assert first.release()
+    with pytest.raises(LockNotAcquired):
+        other.acquire("catalog", blocking=False)
+    assert second.release()
+    writer = other.acquire("catalog", blocking=False)
+    assert writer.token > second.token
+    with pytest.raises(LockNotAcquired, match=writer.owner):
+        manager.acquire("catalog", shared=True, blocking=False)
+    assert writer.release()
+    reader = manager.acquire("catalog", shared=True, blocking=False)
+    assert reader.token > writer.token
+    assert reader.release()
+
+
+def test_a_waiting_writer_gets_in_when_the_readers_leave(
+    manager: LockManager, other: LockManager
+) -> None:
+    readers = [manager.acquire("doc", shared=True, ttl=30) for _ in range(3)]
+    got: list[float] = []
+
+    def write() -> None:
+        with other.lock("doc", timeout=20):
+            got.append(time.monotonic())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.3)
+    # A writer in line keeps new readers out, so it cannot starve.
+    with pytest.raises(LockNotAcquired):
+        manager.acquire("doc", shared=True, blocking=False)
+    for reader in readers:
+        time.sleep(0.1)
+        assert not got
+        reader.release()
+    writer.join(timeout=20)
+    assert got
+
+
+def test_expiry_of_one_shared_holder_leaves_the_others(
+    manager: LockManager, other: LockManager
+) -> None:
+    kept = manager.acquire("pool", shared=True, ttl=0.6)
+    lapsing = other.acquire("pool", shared=True, ttl=0.3, refresh=False)
+    time.sleep(1.0)
+    assert kept.valid
+    assert not lapsing.valid
+    status = manager.status("pool")
+    assert status is not None
+    assert [holder.owner for holder in status.live_holders] == [kept.owner]
+    with pytest.raises(LockNotAcquired):
+        other.acquire("pool", blocking=False)
+    assert lapsing.release() is False
+    assert kept.release() is True
+
+
+def test_a_force_released_shared_holder_learns_it_within_a_tick(
+    manager: LockManager, other: LockManager
+) -> None:
+    reader = manager.acquire("books", shared=True, ttl=0.6)
+    other.force_release("books")
+    assert reader.lost.wait(2.0)
+    assert not reader.valid
+
+
+def test_shared_refresh_and_release_by_hand(manager: LockManager) -> None:
+    reader = manager.acquire("manual", shared=True, ttl=5, refresh=False)
+    before = reader.expires_at
+    time.sleep(0.05)
+    assert reader.refresh(ttl=10) is reader
+    assert reader.expires_at > before
+    assert reader.ttl == 10
+    assert reader.release()
+    assert manager.status("manual") is None
+
+
+def test_readers_and_writers_from_several_processes(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    processes, rounds, limit = 4, 25, 3
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes) as pool:
+        results = [
+            pool.apply_async(
+                readers_writers, (mongolock_url, manager.database, rounds, seed, limit)
+            )
+            for seed in range(processes)
+        ]
+        seen = [result.get(timeout=300) for result in results]
+    assert sum(item["violations"] for item in seen) == 0
+    assert sum(item["reads"] + item["writes"] for item in seen) == processes * rounds
+    assert sum(item["writes"] for item in seen) > 0
+    # Readers did overlap (the lock is not secretly exclusive), within the limit.
+    assert 1 < max(item["max_readers"] for item in seen) <= limit
+
+
+# -- semaphores --------------------------------------------------------------------------------
+
+
+def test_a_semaphore_admits_at_most_limit_holders(manager: LockManager, other: LockManager) -> None:
+    exports = manager.semaphore("exports", limit=2)
+    assert isinstance(exports, Semaphore)
+    first = exports.acquire()
+    second = other.semaphore("exports", limit=2).acquire()
+    with pytest.raises(LockNotAcquired, match="2/2 shared holders"):
+        exports.acquire(blocking=False)
+    assert len(exports.holders()) == 2
+    assert first.release()
+    third = exports.acquire(blocking=False)
+    assert third.token > second.token > first.token
+    context = exports.lock(blocking=False)
+    with pytest.raises(LockNotAcquired):
+        context.__enter__()
+    second.release()
+    with exports.lock(blocking=False) as slot:
+        assert slot.shared
+        assert len(exports.holders()) == 2
+    third.release()
+    assert exports.holders() == ()
+
+
+def test_semaphore_waiters_get_the_freed_slots(manager: LockManager, other: LockManager) -> None:
+    slots = manager.semaphore("slots", limit=2, ttl=30)
+    held = [slots.acquire(), slots.acquire()]
+    entered: list[int] = []
+    errors: list[BaseException] = []
+
+    def wait_for_a_slot() -> None:
+        try:
+            with other.semaphore("slots", limit=2).lock(timeout=20) as lock:
+                entered.append(lock.token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=wait_for_a_slot) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.3)
+    assert entered == []
+    for lock in held:
+        lock.release()
+    for waiter in waiters:
+        waiter.join(timeout=30)
+    assert errors == []
+    assert len(entered) == 3
+
+
+def test_semaphore_arguments_are_checked() -> None:
+    with LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.2) as offline:
+        with pytest.raises(ValueError, match="at least 1"):
+            offline.semaphore("s", limit=0)
+        with pytest.raises(TypeError, match="int"):
+            offline.semaphore("s", limit=2.5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="shared=True"):
+            offline.acquire("s", limit=3)
+        with pytest.raises(TypeError, match="shared"):
+            offline.acquire("s", shared="yes")  # type: ignore[arg-type]
+
+
+# -- groups ------------------------------------------------------------------------------------
+
+
+def test_a_group_takes_all_keys_under_one_id(manager: LockManager) -> None:
+    group = manager.acquire_group(["b", "a", "c", "a"], ttl=30)
+    assert isinstance(group, LockGroup)
+    assert list(group.locks) == ["a", "b", "c"]
+    assert group.valid
+    for key in "abc":
+        status = manager.status(key)
+        assert status is not None
+        assert status.group == group.group_id
+        assert status.token == group.tokens[key]
+    group.refresh()
+    assert group.release()
+    assert manager.count() == 0
+
+
+def test_a_group_is_all_or_nothing(manager: LockManager, other: LockManager) -> None:
+    blocker = other.acquire("y", ttl=30)
+    with pytest.raises(LockNotAcquired, match="'y'"):
+        manager.acquire_group(["x", "y", "z"], ttl=30, timeout=0.3)
+    assert manager.status("x") is None
+    assert manager.status("z") is None
+    assert blocker.release()
+    with manager.acquire_group(["x", "y", "z"], blocking=False) as group:
+        assert group.valid
+    assert manager.count() == 0
+
+
+def test_groups_in_opposite_orders_do_not_deadlock(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        results = [
+            pool.apply_async(opposite_groups, (mongolock_url, manager.database, 20, reverse))
+            for reverse in (False, True, False, True)
+        ]
+        done = [result.get(timeout=300) for result in results]
+    assert done == [20, 20, 20, 20]
+
+
+def test_group_arguments_are_checked(manager: LockManager) -> None:
+    with pytest.raises(ValueError, match="at least one key"):
+        manager.acquire_group([])
+    with pytest.raises(TypeError, match="single key"):
+        manager.acquire_group("ab")
+    with pytest.raises(TypeError):
+        manager.acquire_group(["a", 3])  # type: ignore[list-item]
+    assert manager.count() == 0
+
+
+# -- leader election ---------------------------------------------------------------------------
+
+
+def test_one_leader_and_a_follower_that_takes_over(
+    manager: LockManager, other: LockManager
+) -> None:
+    calls: list[str] = []
+    first = manager.elect(
+        "scheduler",
+        ttl=0.6,
+        on_elected=lambda e: calls.append("first elected"),
+        on_demoted=lambda e: calls.append("first demoted"),
+    )
+    assert isinstance(first, Election)
+    assert first.changed.wait(5)
+    assert first.is_leader
+    second = other.elect("scheduler", ttl=0.6, on_elected=lambda e: calls.append("second elected"))
+    time.sleep(1.0)
+    assert not second.is_leader
+    assert first.token is not None
+    assert second.token is None
+    assert manager.leader("scheduler") == other.leader("scheduler") == first.leader()
+    status = manager.status("scheduler")
+    assert status is not None
+    assert status.kind == "election"
+    first.stop()
+    deadline = time.monotonic() + 5
+    while not second.is_leader and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert second.is_leader
+    time.sleep(0.2)  # callbacks run in threads of their own
+    assert calls == ["first elected", "first demoted", "second elected"]
+    second.stop()
+    assert manager.leader("scheduler") is None
+
+
+def test_demotion_is_noticed_within_a_tick(manager: LockManager, other: LockManager) -> None:
+    demoted = threading.Event()
+    election = manager.elect("cron", ttl=0.6, on_demoted=lambda e: demoted.set())
+    try:
+        assert election.changed.wait(5)
+        token = election.token
+        assert token is not None
+        other.force_release("cron")
+        assert demoted.wait(2.0)
+        assert not election.is_leader
+        # It campaigns again and wins the next term with a greater token.
+        deadline = time.monotonic() + 5
+        while not election.is_leader and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert election.is_leader
+        assert election.token is not None
+        assert election.token > token
+        assert election.terms == 2
+    finally:
+        election.stop()
+
+
+def test_a_killed_leader_is_replaced_within_ttl_and_a_tick(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    ttl = 1.5
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "tests.leader", mongolock_url, manager.database, "boss", str(ttl)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert leader.stdout is not None
+        line = leader.stdout.readline()
+        leader.stdout.close()
+        assert line.startswith("leader "), line
+        old_token = int(line.split()[1])
+        elected: list[float] = []
+        follower = manager.elect(
+            "boss", ttl=ttl, on_elected=lambda e: elected.append(time.monotonic())
+        )
+        time.sleep(ttl)
+        assert not follower.is_leader
+        os.kill(leader.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        deadline = killed_at + 10
+        while not elected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(elected) == 1
+        assert elected[0] - killed_at <= ttl + ttl / 3 + 0.5
+        assert follower.token is not None
+        assert follower.token > old_token
+        follower.stop()
+    finally:
+        leader.kill()
+        leader.wait(timeout=30)
