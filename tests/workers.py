@@ -50,7 +50,7 @@ def readers_writers(url: str, database: str, rounds: int, seed: int, limit: int)
     rng = random.Random(seed)
     manager = LockManager(url, database=database, collection="locks")
     client: MongoClient[dict[str, object]] = MongoClient(url, w="majority")
-    observer = client[database]["observer"]
+    observer = client[database].get_collection("observer")
     seen = {"reads": 0, "writes": 0, "violations": 0, "max_readers": 0}
     try:
         for _ in range(rounds):
@@ -63,7 +63,9 @@ def readers_writers(url: str, database: str, rounds: int, seed: int, limit: int)
                     {"_id": "catalog"}, {"$inc": {field: 1}}, upsert=True, return_document=True
                 )
                 assert doc is not None
-                readers, writers = int(doc.get("readers", 0)), int(doc.get("writers", 0))
+                readers, writers = doc.get("readers", 0), doc.get("writers", 0)
+                assert isinstance(readers, int)
+                assert isinstance(writers, int)
                 if shared:
                     seen["reads"] += 1
                     seen["max_readers"] = max(seen["max_readers"], readers)
