@@ -133,6 +133,22 @@ def key_segment(key: str) -> str:
     return segment.replace(".", "%2E") if segment in {".", ".."} else segment
 
 
+def _kind_label(info: LockInfo) -> str:
+    """Shared (n of limit), group member, or elected leader; empty for a plain lock."""
+    if info.shared:
+        if info.limit:
+            return _("semaphore %(count)s/%(limit)s") % {
+                "count": len(info.live_holders),
+                "limit": info.limit,
+            }
+        return _("shared")
+    if info.kind == "election":
+        return _("leader")
+    if info.group:
+        return _("group %(id)s") % {"id": info.group}
+    return ""
+
+
 def split_owner(owner: str) -> tuple[str, str | None]:
     """``host:pid:random`` as (host, pid); an owner of another shape is returned whole."""
     parts = owner.rsplit(":", 2)
@@ -162,6 +178,8 @@ class LockRow:
     refreshed: Moment
     expires: Moment
     lease: str
+    kind_label: str = ""
+    """What kind of lock: shared (with its limit), a group member, or an elected leader."""
 
 
 # -- the request's list parameters --------------------------------------------------------------
@@ -392,7 +410,7 @@ class LockAdmin(_ModelAdmin):
     ) -> LockRow:
         """The displayed form of one lock; ``base`` and ``preserved`` come from the list."""
         base = base or self._changelist_url()
-        host, pid = split_owner(info.owner)
+        host, pid = split_owner(info.owner) if info.owner else (info.holder_label, None)
         status: Literal["live", "expiring", "expired"]
         if not info.live:
             status = "expired"
@@ -412,13 +430,16 @@ class LockAdmin(_ModelAdmin):
             pid_label=_("pid %(pid)s") % {"pid": pid} if pid is not None else None,
             owner_link=(params or ListParams()).link(
                 **{OWNER_VAR: f"{host}:{pid}:" if pid is not None else info.owner, PAGE_VAR: None}
-            ),
+            )
+            if info.owner
+            else "",
             status=status,
             status_label=_("live") if info.live else _("expired"),
             acquired=Moment.of(info.acquired_at, info.now),
             refreshed=Moment.of(info.refreshed_at, info.now),
             expires=Moment.of(info.expires_at, info.now),
             lease=_duration(info.ttl),
+            kind_label=_kind_label(info),
         )
 
     # -- the list -------------------------------------------------------------------------------
@@ -639,6 +660,16 @@ class LockAdmin(_ModelAdmin):
             server_time=_absolute(info.now),
             purge=Moment.of(purge_at, info.now),
             history=history,
+            holders=[
+                {
+                    "owner": holder.owner,
+                    "token": holder.token,
+                    "acquired": Moment.of(holder.acquired_at, info.now),
+                    "expires": Moment.of(holder.expires_at, info.now),
+                    "live": holder.expires_at > info.now,
+                }
+                for holder in info.holders
+            ],
             changelist_url=changelist_url,
             **(extra_context or {}),
         )

@@ -492,7 +492,8 @@ class LockStore:
         if prefix:
             query["_id"] = {"$regex": "^" + re.escape(prefix)}
         if owner:
-            query["owner"] = {"$regex": re.escape(owner)}
+            pattern = {"$regex": re.escape(owner)}
+            query = {"$and": [query, {"$or": [{"owner": pattern}, {"holders.owner": pattern}]}]}
         if state == "live":
             query["$expr"] = _LIVE
         elif state == "expired":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -9,9 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.test import Client
 
 from django_mongolock import (
     Election,
@@ -20,6 +24,7 @@ from django_mongolock import (
     LockNotAcquired,
     Semaphore,
 )
+from tests.utils import run_command
 from tests.workers import opposite_groups, readers_writers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,3 +351,63 @@ def test_a_killed_leader_is_replaced_within_ttl_and_a_tick(
     finally:
         leader.kill()
         leader.wait(timeout=30)
+
+
+# -- shown to operators --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shown(mongolock_settings: dict[str, Any], manager: LockManager) -> Iterator[dict[str, Any]]:
+    """One lock of each kind in the settings' collection, for the admin and the CLI."""
+    from django_mongolock import conf
+
+    default = conf.get_manager()
+    default.ensure_indexes()
+    sem = default.semaphore("exports", limit=3)
+    slots = [sem.acquire(ttl=30), sem.acquire(ttl=30)]
+    group = default.acquire_group(["g-one", "g-two"], ttl=30)
+    election = default.elect("scheduler", ttl=5)
+    assert election.changed.wait(5)
+    yield {"slots": slots, "group": group, "election": election}
+    election.stop()
+
+
+def test_the_admin_shows_holders_semaphore_counts_groups_and_leaders(
+    admin_client: Client, shown: dict[str, Any]
+) -> None:
+    listing = admin_client.get("/admin/django_mongolock/lock/?state=all").content.decode()
+    assert "2/3 shared holders" in listing
+    assert "semaphore 2/3" in listing
+    assert f"group {shown['group'].group_id}" in listing
+    assert "leader" in listing
+    detail = admin_client.get("/admin/django_mongolock/lock/exports/change/").content.decode()
+    assert "Shared holders" in detail
+    for slot in shown["slots"]:
+        assert slot.owner in detail
+        assert str(slot.token) in detail
+    searched = admin_client.get(
+        "/admin/django_mongolock/lock/", {"owner": shown["slots"][0].owner}
+    ).content.decode()
+    assert "exports" in searched
+
+
+def test_the_cli_shows_holders_semaphore_counts_groups_and_leaders(shown: dict[str, Any]) -> None:
+    out, _, code = run_command("mongolock", "list", "--all")
+    assert code == 0
+    assert "2/3 shared holders" in out
+    assert f"(group {shown['group'].group_id})" in out
+    assert "(leader)" in out
+    out, _, code = run_command("mongolock", "status", "exports")
+    assert code == 0
+    assert "holders:" in out
+    for slot in shown["slots"]:
+        assert f"{slot.owner}  token {slot.token}  live" in out
+    out, _, code = run_command("mongolock", "status", "scheduler", "--json")
+    data = json.loads(out)
+    assert data["kind"] == "election"
+    assert data["owner"] == shown["election"].leader()
+    out, _, code = run_command("mongolock", "status", "exports", "--json")
+    data = json.loads(out)
+    assert data["mode"] == "shared"
+    assert data["limit"] == 3
+    assert [holder["token"] for holder in data["holders"]] == [s.token for s in shown["slots"]]

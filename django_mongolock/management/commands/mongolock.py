@@ -213,7 +213,7 @@ class Command(BaseCommand):
             head = self.style.SUCCESS(f"Removed the expired lock {key!r}")
             lease = f"its lease ended {_relative(info.remaining)}"
         self.stdout.write(
-            f"{head}: held by {info.owner} (token {info.token}), acquired "
+            f"{head}: held by {_who(info)} (token {info.token}), acquired "
             f"{_relative(-_age(info))}; {lease}."
         )
 
@@ -227,7 +227,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(info.as_dict()))
             return
         refreshed = (info.refreshed_at - info.now).total_seconds()
-        rows = (
+        rows: list[tuple[str, str]] = [
             ("key", info.key),
             ("state", self._state(info, width=0)),
             ("owner", info.owner),
@@ -240,9 +240,23 @@ class Command(BaseCommand):
             ),
             ("ttl", f"{info.ttl:g}s"),
             ("server time", _timestamp(info.now)),
-        )
+        ]
+        if not info.owner:
+            rows[2] = ("holders", _who(info))
+        if info.group:
+            rows.append(("group", info.group))
+        if info.kind == "election":
+            rows.append(("role", "elected leader"))
+        if info.waiting:
+            rows.append(("waiting", str(info.waiting)))
         for label, value in rows:
             self.stdout.write(f"{label + ':':<13}{value}")
+        for holder in info.holders:
+            live = "live" if holder.expires_at > info.now else "expired"
+            self.stdout.write(
+                f"  {holder.owner}  token {holder.token}  {live}, lease ends "
+                f"{_relative((holder.expires_at - info.now).total_seconds())}"
+            )
 
     def _list(
         self,
@@ -274,7 +288,7 @@ class Command(BaseCommand):
             self.stdout.write(f"No {'' if state == 'all' else state + ' '}locks.")
             return
         key_width = min(_MAX_KEY_WIDTH, max(3, *(len(info.key) for info in sample)))
-        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(info.owner) for info in sample)))
+        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(_who(info)) for info in sample)))
         token_width = max(5, *(len(str(info.token)) for info in sample))
         header = (
             f"{'KEY':<{key_width}}  {'STATE':<7}  {'OWNER':<{owner_width}}  "
@@ -284,7 +298,7 @@ class Command(BaseCommand):
         count = 0
         for info in itertools.chain(sample, rows):
             self.stdout.write(
-                f"{info.key:<{key_width}}  {self._state(info, 7)}  {info.owner:<{owner_width}}  "
+                f"{info.key:<{key_width}}  {self._state(info, 7)}  {_who(info):<{owner_width}}  "
                 f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
                 f"{_relative(info.remaining)}"
             )
@@ -349,3 +363,10 @@ def _detach_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _who(info: LockInfo) -> str:
+    """The holder for people: the owner, or the shared holders; with the lock's role."""
+    label = info.owner or info.holder_label
+    role = "leader" if info.kind == "election" else f"group {info.group}" if info.group else ""
+    return f"{label} ({role})" if role else label
