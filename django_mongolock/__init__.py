@@ -15,7 +15,7 @@ from django_mongolock.exceptions import (
     ServerUnavailable,
 )
 from django_mongolock.lock import Lock
-from django_mongolock.manager import AsyncLockContext, LockContext, LockManager
+from django_mongolock.manager import LockContext, LockManager
 from django_mongolock.primitives import Election, LockGroup, Semaphore
 from django_mongolock.store import Holder, LockInfo
 
@@ -23,7 +23,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BUSY_EXIT_CODE",
-    "AsyncLockContext",
     "ConfigurationError",
     "Election",
     "Holder",

@@ -280,10 +280,15 @@ class LockManager:
         """
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
+        keep = self._keep(refresh)
+        return self._acquire(request, wait, keep, on_lost)
+
+    def _keep(self, refresh: bool | None) -> bool:
+        """Whether the refresher keeps a new lease alive (None: the manager's setting)."""
         keep = self.refresh if refresh is None else refresh
         if type(keep) is not bool:
             raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
-        return self._acquire(request, wait, keep, on_lost)
+        return keep
 
     def _request(
         self,
@@ -356,13 +361,11 @@ class LockManager:
         attempt = 0
         watcher.ensure_running()
         while True:
-            delay, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
-            now = time.monotonic()
-            if deadline is not None:
-                if now >= deadline:
-                    self._leave_queue(request.key, request.owner)
-                    raise _busy(info, waited=now - started)
-                delay = min(delay, deadline - now)
+            wanted, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
+            delay = _within(wanted, deadline)
+            if delay is None:
+                self._leave_queue(request.key, request.owner)
+                raise _busy(info, waited=time.monotonic() - started)
             wake.wait(delay)
             wake.clear()
             watcher.ensure_running()
@@ -391,9 +394,7 @@ class LockManager:
         """
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
-        keep = self.refresh if refresh is None else refresh
-        if type(keep) is not bool:
-            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        keep = self._keep(refresh)
         store = await self._astore()
         if wait == 0:
             sent_at = time.monotonic()
@@ -430,16 +431,12 @@ class LockManager:
         attempt = 0
         watcher.ensure_running()
         while True:
-            delay, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
-            now = time.monotonic()
-            if deadline is not None:
-                if now >= deadline:
-                    try:
-                        await store.leave_queue(request.key, request.owner)
-                    except MongoLockError as exc:
-                        logger.info("could not leave the line of %r: %s", request.key, exc)
-                    raise _busy(info, waited=now - started)
-                delay = min(delay, deadline - now)
+            wanted, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
+            delay = _within(wanted, deadline)
+            if delay is None:
+                with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
+                    await store.leave_queue(request.key, request.owner)
+                raise _busy(info, waited=time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), delay)
             wake.clear()
@@ -461,12 +458,12 @@ class LockManager:
         limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
-    ) -> AsyncLockContext:
-        """``async with manager.alock(key) as lk:``: ``aacquire`` on entry, release on exit."""
-        self._request(key, ttl, shared, limit)
-        validate_timeout(timeout, blocking=blocking)
-        return AsyncLockContext(
-            self,
+    ) -> LockContext:
+        """``async with manager.alock(key) as lk:``: ``aacquire`` on entry, release on exit.
+
+        The same context as ``lock()``, which works with ``with`` and ``async with``.
+        """
+        return self.lock(
             key,
             ttl=ttl,
             blocking=blocking,
@@ -478,10 +475,8 @@ class LockManager:
         )
 
     def _leave_queue(self, key: str, owner: str) -> None:
-        try:
+        with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
             self.store.leave_queue(key, owner)
-        except MongoLockError as exc:  # the place lapses by itself soon
-            logger.info("could not leave the line of %r: %s", key, exc)
 
     def lock(
         self,
@@ -631,7 +626,7 @@ class LockManager:
 
 
 class LockContext:
-    """``with manager.lock(key) as lk:``: acquire on entry, release on exit.
+    """``with manager.lock(key) as lk:`` (or ``async with``): acquire on entry, release on exit.
 
     Leaving the block after the lock was lost does not raise: the loss was already
     signalled (``lk.lost``, ``lock_lost``) and is logged again here.
@@ -660,6 +655,22 @@ class LockContext:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> Lock:
+        if self._lock is not None:
+            raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        self._lock = await self._manager.aacquire(self.key, **self._kwargs)
+        return self._lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            await lock.__aexit__(exc_type, exc, tb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,6 +751,14 @@ def _next_delay(
     return delay, min(attempt + 1, 16)
 
 
+def _within(delay: float, deadline: float | None) -> float | None:
+    """``delay`` cut to the caller's deadline; None once the deadline has passed."""
+    if deadline is None:
+        return delay
+    left = deadline - time.monotonic()
+    return None if left <= 0 else min(delay, left)
+
+
 def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
     if info.owner:
         return LockNotAcquired(info.key, info.owner, info.expires_at, waited=waited)
@@ -747,34 +766,6 @@ def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
         first_end = min(holder.expires_at for holder in info.live_holders)
         return LockNotAcquired(info.key, info.holder_label, first_end, waited=waited)
     return LockNotAcquired(info.key, None, None, waited=waited, waiting=info.waiting)
-
-
-class AsyncLockContext:
-    """``async with manager.alock(key) as lk:``: acquire on entry, release on exit."""
-
-    __slots__ = ("_kwargs", "_lock", "_manager", "key")
-
-    def __init__(self, manager: LockManager, key: str, **kwargs: Any) -> None:
-        self._manager = manager
-        self.key = key
-        self._kwargs = kwargs
-        self._lock: Lock | None = None
-
-    async def __aenter__(self) -> Lock:
-        if self._lock is not None:
-            raise RuntimeError(f"the lock context for {self.key!r} is already entered")
-        self._lock = await self._manager.aacquire(self.key, **self._kwargs)
-        return self._lock
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            await lock.__aexit__(exc_type, exc, tb)
 
 
 def _check_page(limit: int | None, offset: int) -> None:

@@ -153,9 +153,7 @@ class LockGroup:
         if ttl is not None:
             validate_ttl(ttl)
         wait = validate_timeout(timeout, blocking=blocking)
-        keep = manager.refresh if refresh is None else refresh
-        if type(keep) is not bool:
-            raise TypeError(f"refresh must be True, False or None, not {refresh!r}")
+        keep = manager._keep(refresh)
         group_id = secrets.token_hex(8)
         deadline = None if wait is None else time.monotonic() + wait
         taken: list[Lock] = []
