@@ -99,13 +99,7 @@ class AsyncLockStore:
     async def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
         op = (queries.release_shared if shared else queries.release)(key, owner, token)
         with self._translate:
-            doc = None
-            if op.delete is not None:
-                doc = await self.collection.find_one_and_delete(
-                    op.delete[0], projection=op.delete[1]
-                )
-            if doc is None:
-                doc = await self._update(op.keep)
+            doc = await self._update(op)
         return bool(doc is not None and doc.get("live"))
 
     async def close(self) -> None:

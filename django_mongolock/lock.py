@@ -213,7 +213,11 @@ class Lock:
         self._deadline = deadline
 
     def _mark_lost(self, reason: str) -> bool:
-        """Set ``lost`` and tell everybody once; False if it was already lost."""
+        """Set ``lost``, then tell everybody (signal, ``on_lost``) once; False if lost before.
+
+        The event comes first so that protected code waiting on it learns at once, not
+        after the receivers have run.
+        """
         with self._mutex:
             if self.lost.is_set():
                 return False

@@ -31,7 +31,7 @@ from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State, _redact
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
-from django_mongolock.waiters import Waiters
+from django_mongolock.waiters import AsyncWake, Waiters, Wake
 from django_mongolock.watcher import Watcher
 
 __all__ = ["DEFAULT_URL", "LockManager"]
@@ -346,19 +346,21 @@ class LockManager:
         limit: float | None,
         sent_at: float,
         info: LockInfo,
-        wake: threading.Event,
+        wake: Wake,
     ) -> tuple[float, LockInfo]:
         """Retry until ``key`` is ours: woken by a release, the holder's lease end, or back-off.
 
         While the change stream was open before the last attempt, any release after that
         attempt wakes this waiter, so it sleeps until the holder's lease end; otherwise it
-        backs off with jitter, never past the lease end or the timeout.
+        backs off with jitter, never past the lease end or the timeout. A waiter with
+        others ahead of it in line sleeps through the releases that are theirs.
         """
         started = sent_at
         deadline = None if limit is None else started + limit
         store = self.store
         watcher = self.watcher
         attempt = 0
+        seen = 0  # releases counted before the last attempt
         watcher.ensure_running()
         while True:
             wanted, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
@@ -366,9 +368,15 @@ class LockManager:
             if delay is None:
                 self._leave_queue(request.key, request.owner)
                 raise _busy(info, waited=time.monotonic() - started)
-            wake.wait(delay)
+            wake_at = time.monotonic() + delay
+            needed = _releases_needed(info, request.shared)
+            while (left := wake_at - time.monotonic()) > 0 and wake.wait(left):
+                if wake.count - seen >= needed:
+                    break
+                wake.clear()  # a release that a waiter ahead of us takes
             wake.clear()
             watcher.ensure_running()
+            seen = wake.count
             sent_at = time.monotonic()
             info = request.attempt(store, queue=True)
             mine = request.taken(info)
@@ -422,13 +430,14 @@ class LockManager:
         limit: float | None,
         sent_at: float,
         info: LockInfo,
-        wake: asyncio.Event,
+        wake: AsyncWake,
     ) -> tuple[float, LockInfo]:
         """``_wait`` for coroutines: the same schedule, sleeping on an asyncio event."""
         started = sent_at
         deadline = None if limit is None else started + limit
         watcher = self.watcher
         attempt = 0
+        seen = 0
         watcher.ensure_running()
         while True:
             wanted, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
@@ -437,10 +446,19 @@ class LockManager:
                 with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
                     await store.leave_queue(request.key, request.owner)
                 raise _busy(info, waited=time.monotonic() - started)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+            wake_at = time.monotonic() + delay
+            needed = _releases_needed(info, request.shared)
+            while (left := wake_at - time.monotonic()) > 0:
+                try:
+                    await asyncio.wait_for(wake.wait(), left)
+                except TimeoutError:
+                    break
+                if wake.count - seen >= needed:
+                    break
+                wake.clear()
             wake.clear()
             watcher.ensure_running()
+            seen = wake.count
             sent_at = time.monotonic()
             info = await _shielded(store, request, queue=True)
             mine = request.taken(info)
@@ -749,6 +767,18 @@ def _next_delay(
     if info.held:
         delay = min(delay, lease_end)
     return delay, min(attempt + 1, 16)
+
+
+def _releases_needed(info: LockInfo, shared: bool) -> int:
+    """Releases to sleep through before trying again: one per waiter ahead, plus the holder's.
+
+    Counting may err (a release seen twice, a place ahead that lapsed): then the waiter
+    tries once too early, or sleeps until its timer, never past it. Shared waiters may
+    get in together, so they try after every release.
+    """
+    if shared or info.position <= 0:
+        return 1
+    return info.position + (1 if info.held else 0)
 
 
 def _within(delay: float, deadline: float | None) -> float | None:

@@ -20,7 +20,6 @@ __all__ = [
     "LIVE",
     "PROJECTION",
     "Acquire",
-    "Release",
     "Update",
     "acquire",
     "leave_queue",
@@ -97,14 +96,6 @@ class Update:
     pipeline: list[dict[str, Any]]
     projection: dict[str, Any]
     return_after: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """A release: try ``delete`` (filter, projection) first; if it matched nothing, ``keep``."""
-
-    delete: tuple[dict[str, Any], dict[str, Any]] | None
-    keep: Update
 
 
 def _lease_end(ttl: float) -> dict[str, Any]:
@@ -239,6 +230,11 @@ def acquire(
         ]
     }
     busy = _queue_busy(me) if queue else "$$ROOT"
+    if queue:
+        # The caller's place in line, so that it sleeps through the releases that are
+        # for the waiters ahead of it.
+        place = {"$map": {"input": LIVE_WAITERS, "as": "w", "in": "$$w.owner"}}
+        projection = {**projection, "position": {"$indexOfArray": [place, me]}}
     pipeline: list[dict[str, Any]] = [
         {
             "$set": {
@@ -367,55 +363,51 @@ def refresh_shared_many(owners: Sequence[str]) -> tuple[dict[str, Any], list[dic
 _FREED: Final = {"released_at": "$$NOW"}
 
 
-def release(key: str, owner: str, token: int) -> Release:
-    """Give up an exclusive lock: delete it, or free it in place for waiters in line.
+def release(key: str, owner: str, token: int) -> Update:
+    """Give up an exclusive lock: free its document in place, in one round trip.
 
-    The filter on owner and token means a release can never touch somebody else's lock.
+    The document stays (without an owner it is no lock, and the TTL index purges it
+    ``RETENTION`` seconds later), so the line of waiters survives the release, the next
+    acquisition of the key is an update rather than an insert, and the stored token
+    keeps counting. The filter on owner and token means a release can never touch
+    somebody else's lock. The returned projection says whether the lease was still live.
     """
-    mine = {"_id": key, "owner": owner, "token": token}
-    projection = {"_id": 0, "live": LIVE}
-    return Release(
-        ({**mine, "waiters.0": {"$exists": False}}, projection),
-        Update(
-            mine,
-            [
-                {
-                    "$set": {
-                        "owner": None,
-                        **_FREED,
-                        "expires_at": {"$min": ["$expires_at", "$$NOW"]},
-                    }
+    return Update(
+        {"_id": key, "owner": owner, "token": token},
+        [
+            {
+                "$set": {
+                    "owner": None,
+                    **_FREED,
+                    "expires_at": {"$min": ["$expires_at", "$$NOW"]},
                 }
-            ],
-            projection,
-            return_after=False,
-        ),
+            }
+        ],
+        {"_id": 0, "live": LIVE},
+        return_after=False,
     )
 
 
-def release_shared(key: str, owner: str, token: int) -> Release:
+def release_shared(key: str, owner: str, token: int) -> Update:
     """Give up a shared lease: drop this holder's entry (the document stays until purged)."""
     me = {"$literal": owner}
-    return Release(
-        None,
-        Update(
-            {"_id": key, "holders": {"$elemMatch": {"owner": owner, "token": token}}},
-            [
-                {
-                    "$set": {
-                        "holders": {
-                            "$filter": {
-                                "input": "$holders",
-                                "as": "h",
-                                "cond": {"$ne": ["$$h.owner", me]},
-                            }
-                        },
-                        **_FREED,
-                    }
-                },
-                {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
-            ],
-            {"_id": 0, "live": _holder_is(owner, live=True)},
-            return_after=False,
-        ),
+    return Update(
+        {"_id": key, "holders": {"$elemMatch": {"owner": owner, "token": token}}},
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$filter": {
+                            "input": "$holders",
+                            "as": "h",
+                            "cond": {"$ne": ["$$h.owner", me]},
+                        }
+                    },
+                    **_FREED,
+                }
+            },
+            {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+        ],
+        {"_id": 0, "live": _holder_is(owner, live=True)},
+        return_after=False,
     )

@@ -102,6 +102,8 @@ class LockInfo:
     ttl: float
     now: datetime
     waiting: int = 0
+    position: int = -1
+    """The asker's place in the line of waiters (0: first), -1 when not in line."""
     mode: Literal["exclusive", "shared"] = "exclusive"
     limit: int | None = None
     group: str | None = None
@@ -217,6 +219,7 @@ class LockInfo:
             ttl=float(doc.get("ttl", 0.0)),
             now=doc["now"],
             waiting=int(doc.get("waiting", 0)),
+            position=int(doc.get("position", -1)),
             mode="shared" if doc.get("mode") == "shared" else "exclusive",
             limit=doc.get("limit"),
             group=doc.get("group"),
@@ -385,20 +388,15 @@ class LockStore:
         return info.as_holder(owner) if shared else info
 
     def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
-        """Give the holder's lock up; True only if its lease had not ended yet.
+        """Give the holder's lock up in one round trip; True only if its lease was live.
 
-        Exclusive, without waiters in line, the document is deleted (one round trip);
-        with waiters it is kept, free, so that their line survives. A shared holder's
-        entry is removed. The change stream wakes the waiters either way, and the
-        filter on owner and token means a release never touches somebody else's lock.
+        The document is freed in place (see ``queries.release``); a shared holder's entry
+        is removed. The change stream wakes the waiters, and the filter on owner and
+        token means a release never touches somebody else's lock.
         """
         op = (queries.release_shared if shared else queries.release)(key, owner, token)
         with self._translate:
-            doc = None
-            if op.delete is not None:
-                doc = self.collection.find_one_and_delete(op.delete[0], projection=op.delete[1])
-            if doc is None:
-                doc = self._update(op.keep)
+            doc = self._update(op)
         return bool(doc is not None and doc.get("live"))
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
@@ -456,18 +454,19 @@ class LockStore:
         return owners - alive
 
     def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
-        """Delete the holders' documents in one write (at exit); how many were removed."""
+        """Free the holders' exclusive locks in one write (at exit); how many were freed."""
         if not held:
             return 0
         with self._translate:
-            result = self.collection.delete_many(
+            result = self.collection.update_many(
                 {
                     "_id": {"$in": [key for key, _, _ in held]},
                     "owner": {"$in": [owner for _, owner, _ in held]},
                     "token": {"$in": [token for _, _, token in held]},
-                }
+                },
+                queries.release("", "", 0).pipeline,
             )
-        return result.deleted_count
+        return result.modified_count
 
     # -- operators ---------------------------------------------------------------------------
 

@@ -15,21 +15,47 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-__all__ = ["Waiters"]
+__all__ = ["AsyncWake", "Waiters", "Wake"]
 
 
 class _Wakeable(Protocol):
     def set(self) -> None: ...
 
 
+class Wake(threading.Event):
+    """A waiter's wake-up event that also counts how often it was set (releases seen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count_mutex = threading.Lock()
+        self.count = 0
+
+    def set(self) -> None:
+        with self._count_mutex:
+            self.count += 1
+        super().set()
+
+
+class AsyncWake(asyncio.Event):
+    """``Wake`` for a coroutine: set (and counted) in its event loop only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def set(self) -> None:
+        self.count += 1
+        super().set()
+
+
 class _LoopEvent:
-    """An asyncio.Event that any thread may set (through its loop)."""
+    """An AsyncWake that any thread may set (through its loop)."""
 
     __slots__ = ("event", "loop")
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.event = asyncio.Event()
+        self.event = AsyncWake()
 
     def set(self) -> None:
         # A closed loop raises RuntimeError: nobody waits there any more.
@@ -46,14 +72,14 @@ class Waiters:
         self._events: dict[str, set[_Wakeable]] = {}
 
     @contextmanager
-    def subscribe(self, key: str) -> Iterator[threading.Event]:
+    def subscribe(self, key: str) -> Iterator[Wake]:
         """A thread's wake-up event for ``key``, registered while the block runs."""
-        event = threading.Event()
+        event = Wake()
         with self._registered(key, event):
             yield event
 
     @contextmanager
-    def subscribe_async(self, key: str) -> Iterator[asyncio.Event]:
+    def subscribe_async(self, key: str) -> Iterator[AsyncWake]:
         """A coroutine's wake-up event for ``key``, set through its event loop."""
         waker = _LoopEvent()
         with self._registered(key, waker):

@@ -98,13 +98,21 @@ def test_a_force_release_is_noticed_within_one_tick(
     manager: LockManager, other: LockManager, lock_events: list[tuple[str, Any]]
 ) -> None:
     called: list[Lock] = []
-    lock = manager.acquire("forced", ttl=0.6, on_lost=called.append)
+    calls = threading.Event()
+
+    def on_lost(lost: Lock) -> None:
+        called.append(lost)
+        calls.set()
+
+    lock = manager.acquire("forced", ttl=0.6, on_lost=on_lost)
     other.force_release("forced")
-    # One tick is a third of the lease (0.2 s); allow generous scheduling slack.
+    # One tick is a third of the lease (0.2 s); allow generous scheduling slack. The
+    # event is set first, so protected code learns at once; the callback follows.
     assert lock.lost.wait(2.0)
     assert not lock.valid
-    assert called == [lock]
+    assert calls.wait(2.0)
     time.sleep(0.5)  # more ticks: still reported once
+    assert called == [lock]
     assert [name for name, _ in lock_events].count("lost") == 1
     assert [event_lock for name, event_lock in lock_events if name == "lost"] == [lock]
 
