@@ -1,0 +1,193 @@
+"""The locks under test behind one small interface: try once, wait, release.
+
+* ``floor``: the fewest round trips a correct MongoDB lock can make, written here with the
+  raw driver. Acquire is one ``find_one_and_update`` upsert whose update pipeline decides
+  with ``$$NOW``; release is one ``delete_one`` by key and owner; waiting is polling.
+* ``ours``: django-mongolock's ``LockManager`` with its defaults (background refresh, waiters
+  woken through the change stream).
+* ``redis``: python-redis-lock on a local ``redis-server`` (waiters woken by the release).
+
+A spec is plain data, so that worker processes can build their own clients from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
+
+from pymongo import MongoClient, ReturnDocument
+from pymongo.collection import Collection
+from pymongo.errors import DuplicateKeyError
+from pymongo.write_concern import WriteConcern
+
+from django_mongolock import LockManager, LockNotAcquired
+
+__all__ = ["DATABASE", "TTL", "Contender", "Spec", "build", "quiet_peers"]
+
+DATABASE: Final = "mongolock_bench"
+# Leases long enough that no lock of a workload expires while it is measured.
+TTL: Final = 30.0
+# Generous bound on a blocking acquire: a workload that waits this long is broken.
+ACQUIRE_TIMEOUT: Final = 60.0
+
+Kind = Literal["ours", "floor", "redis"]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What a worker builds: the lock kind, its server and, for the floor, how it polls."""
+
+    label: str
+    kind: Kind
+    url: str
+    collection: str = "locks"
+    poll: float = 0.1
+    blocking: bool = True
+    """For the uncontended workload: acquire with the blocking call (the default API)."""
+    refresh: bool = True
+
+
+class Contender(Protocol):
+    def try_acquire(self, key: str) -> object | None:
+        """Take ``key`` if it is free: a handle, or None when it is busy."""
+
+    def acquire(self, key: str) -> object:
+        """Wait until ``key`` is taken: a handle."""
+
+    def release(self, handle: object) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def quiet_peers() -> None:
+    """python-redis-lock logs a warning for every busy try: a busy try is expected here."""
+    logging.getLogger("redis_lock").setLevel(logging.ERROR)
+
+
+def build(spec: Spec) -> Contender:
+    if spec.kind == "floor":
+        return FloorLock(spec)
+    if spec.kind == "ours":
+        return OurLock(spec)
+    return RedisLock(spec)
+
+
+class FloorLock:
+    """A correct MongoDB lock in the fewest round trips: the baseline every figure divides by."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.poll = spec.poll
+        self.client: MongoClient[dict[str, Any]] = MongoClient(spec.url, w="majority")
+        self.collection: Collection[dict[str, Any]] = self.client[DATABASE][
+            spec.collection
+        ].with_options(write_concern=WriteConcern(w="majority"))
+        self._prefix = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}:"
+        self._serial = itertools.count()
+        self._ttl_ms = round(TTL * 1000)
+
+    def _pipeline(self, owner: str) -> list[dict[str, Any]]:
+        # A missing expires_at sorts below every date: a fresh upsert takes the lock.
+        taken = {
+            "_id": "$_id",
+            "owner": {"$literal": owner},
+            "token": {"$add": [{"$ifNull": ["$token", 0]}, 1]},
+            "expires_at": {"$add": ["$$NOW", self._ttl_ms]},
+        }
+        free = {"$lte": ["$expires_at", "$$NOW"]}
+        return [{"$replaceWith": {"$cond": [free, taken, "$$ROOT"]}}]
+
+    def try_acquire(self, key: str) -> object | None:
+        owner = f"{self._prefix}{next(self._serial)}"
+        for attempt in (1, 2):
+            try:
+                doc = self.collection.find_one_and_update(
+                    {"_id": key},
+                    self._pipeline(owner),
+                    projection={"owner": 1, "token": 1},
+                    upsert=True,
+                    return_document=ReturnDocument.AFTER,
+                )
+            except DuplicateKeyError:  # two upserts created the document at once
+                if attempt == 2:
+                    raise
+                continue
+            if doc is not None and doc.get("owner") == owner:
+                return (key, owner, doc["token"])
+            return None
+        return None
+
+    def acquire(self, key: str) -> object:
+        deadline = time.monotonic() + ACQUIRE_TIMEOUT
+        while (handle := self.try_acquire(key)) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"floor lock {key!r} not acquired in {ACQUIRE_TIMEOUT:g}s")
+            time.sleep(self.poll)
+        return handle
+
+    def release(self, handle: object) -> None:
+        assert isinstance(handle, tuple)
+        self.collection.delete_one({"_id": handle[0], "owner": handle[1]})
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class OurLock:
+    """django-mongolock as an application uses it: a ``LockManager`` with its defaults."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.blocking = spec.blocking
+        self.manager = LockManager(
+            spec.url, database=DATABASE, collection=spec.collection, ttl=TTL, refresh=spec.refresh
+        )
+
+    def try_acquire(self, key: str) -> object | None:
+        try:
+            if self.blocking:  # the default call, on a lock nobody else holds
+                return self.manager.acquire(key, timeout=ACQUIRE_TIMEOUT)
+            return self.manager.acquire(key, blocking=False)
+        except LockNotAcquired:
+            return None
+
+    def acquire(self, key: str) -> object:
+        return self.manager.acquire(key, timeout=ACQUIRE_TIMEOUT)
+
+    def release(self, handle: object) -> None:
+        handle.release()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class RedisLock:
+    """python-redis-lock: SET NX with an expiry; a release wakes one waiter through BLPOP."""
+
+    def __init__(self, spec: Spec) -> None:
+        redis = importlib.import_module("redis")
+        self._lock_class: Any = importlib.import_module("redis_lock").Lock
+        self.client: Any = redis.Redis.from_url(spec.url)
+        self._expire = round(TTL)
+
+    def try_acquire(self, key: str) -> object | None:
+        lock = self._lock_class(self.client, key, expire=self._expire)
+        return lock if lock.acquire(blocking=False) else None
+
+    def acquire(self, key: str) -> object:
+        lock = self._lock_class(self.client, key, expire=self._expire)
+        # timeout must not exceed expire; one BLPOP waits at most expire seconds per try.
+        if not lock.acquire(blocking=True):
+            raise TimeoutError(f"python-redis-lock {key!r} not acquired")
+        return lock
+
+    def release(self, handle: object) -> None:
+        handle.release()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.client.close()

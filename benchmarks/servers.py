@@ -1,0 +1,134 @@
+"""The servers the suite measures against: one MongoDB replica set and, when installed, Redis.
+
+MongoDB is a single-node replica set started for the run (``MongoReplicaSet``), unless
+``MONGOLOCK_URL`` names one. Redis is a ``redis-server`` on a free loopback port, without
+persistence, stopped with the suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import MongoClient
+
+from django_mongolock.testing import LOOPBACK, MongoReplicaSet, free_port
+
+__all__ = ["MongoServer", "RedisServer", "mongo_server", "redis_server"]
+
+URL_ENV = "MONGOLOCK_URL"
+
+
+@dataclass(frozen=True, slots=True)
+class MongoServer:
+    url: str
+    version: str
+    topology: str
+    started_here: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RedisServer:
+    url: str
+    version: str
+
+
+@contextlib.contextmanager
+def mongo_server() -> Iterator[MongoServer]:
+    """``MONGOLOCK_URL`` when set, otherwise a single-node replica set for this run."""
+    url = os.environ.get(URL_ENV)
+    if url:
+        yield _describe(url, started_here=False)
+        return
+    with MongoReplicaSet(1, name="mongolockbench") as replica_set:
+        yield _describe(replica_set.url, started_here=True)
+
+
+def _describe(url: str, *, started_here: bool) -> MongoServer:
+    client: MongoClient[dict[str, Any]] = MongoClient(url, serverSelectionTimeoutMS=10000)
+    try:
+        info = client.server_info()
+        hello = client.admin.command("hello")
+    finally:
+        client.close()
+    if "setName" in hello:
+        members = len(hello.get("hosts", [])) or 1
+        topology = f"replica set {hello['setName']!r}, {members} node(s)"
+    else:
+        topology = "standalone (django-mongolock refuses it)"
+    return MongoServer(url, str(info.get("version", "?")), topology, started_here)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer | None]:
+    """A throwaway ``redis-server`` on loopback, or None (with the reason printed) without one."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("notice: no redis-server on PATH: python-redis-lock is skipped")
+        yield None
+        return
+    try:
+        importlib.import_module("redis")
+        importlib.import_module("redis_lock")
+    except ImportError:
+        print(
+            "notice: python-redis-lock or redis is not installed (pip install -e '.[bench]'): "
+            "python-redis-lock is skipped"
+        )
+        yield None
+        return
+    workdir = tempfile.mkdtemp(prefix="mongolock-bench-redis-")
+    port = free_port()
+    command = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        LOOPBACK,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        workdir,
+        "--logfile",
+        os.path.join(workdir, "redis.log"),
+    ]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        version = _wait_redis(port, process)
+        yield RedisServer(f"redis://{LOOPBACK}:{port}/0", version)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait_redis(port: int, process: subprocess.Popen[bytes]) -> str:
+    redis = importlib.import_module("redis")
+    client = redis.Redis(host=LOOPBACK, port=port, socket_timeout=1.0)
+    deadline = time.monotonic() + 10
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with code {process.returncode}")
+            try:
+                return str(client.info("server")["redis_version"])
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"redis-server did not answer on port {port}") from None
+                time.sleep(0.05)
+    finally:
+        client.close()

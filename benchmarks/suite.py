@@ -1,0 +1,470 @@
+"""The suite's command line and the workloads, run round by round against the same servers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import itertools
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from pymongo import MongoClient
+
+import django_mongolock
+from benchmarks import report
+from benchmarks.contenders import DATABASE, Spec
+from benchmarks.probes import admin_probe, footprint_probe, refresh_probe, run_fresh
+from benchmarks.servers import MongoServer, RedisServer, mongo_server, redis_server
+from benchmarks.stats import ratio, spread, summary
+from benchmarks.workers import Job, Pool
+from django_mongolock import LockManager
+
+__all__ = ["WORKLOADS", "Plan", "main"]
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+RESULTS: Final = ROOT / "benchmarks" / "results"
+PROCESSES: Final = 4
+HOLD: Final = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much of each workload a run does."""
+
+    mode: str
+    rounds: int
+    cycles: int
+    handoff_rounds: int
+    handoff_seconds: float
+    many_rounds: int
+    many_seconds: float
+    many_keys: int
+    refresh_sizes: tuple[int, ...]
+    refresh_ticks: int
+    admin_documents: int
+    admin_requests: int
+
+
+FULL: Final = Plan(
+    mode="full",
+    rounds=5,
+    cycles=1000,
+    handoff_rounds=3,
+    handoff_seconds=5.0,
+    many_rounds=3,
+    many_seconds=4.0,
+    many_keys=1000,
+    refresh_sizes=(1000, 10000),
+    refresh_ticks=7,
+    admin_documents=10000,
+    admin_requests=15,
+)
+QUICK: Final = Plan(
+    mode="quick",
+    rounds=2,
+    cycles=300,
+    handoff_rounds=2,
+    handoff_seconds=1.5,
+    many_rounds=2,
+    many_seconds=1.5,
+    many_keys=1000,
+    refresh_sizes=(500, 2000),
+    refresh_ticks=3,
+    admin_documents=10000,
+    admin_requests=5,
+)
+
+
+@dataclass
+class Bench:
+    """What every workload needs: the plan, the servers and the worker pool."""
+
+    plan: Plan
+    mongo: MongoServer
+    redis: RedisServer | None
+    pool: Pool
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self, label: str, kind: str, collection: str, **options: Any) -> Spec:
+        url = self.redis.url if kind == "redis" and self.redis is not None else self.mongo.url
+        return Spec(label=label, kind=kind, url=url, collection=collection, **options)  # type: ignore[arg-type]
+
+    def ours(self, collection: str, label: str = report.OURS, **options: Any) -> Spec:
+        spec = self.spec(label, "ours", collection, **options)
+        with LockManager(self.mongo.url, database=DATABASE, collection=collection) as manager:
+            manager.ensure_indexes()  # as deployed: after migrate_mongolock
+        return spec
+
+    def peers(self, collection: str) -> list[Spec]:
+        if self.redis is None:
+            return []
+        return [self.spec(report.REDIS, "redis", collection)]
+
+
+def _rotations(specs: Sequence[Spec], rounds: int) -> list[list[Spec]]:
+    """Each round's order: rotated, so that no contender always runs first or last."""
+    count = len(specs)
+    return [[specs[(start + r) % count] for start in range(count)] for r in range(rounds)]
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+# -- 1. uncontended ---------------------------------------------------------------------------
+
+
+def uncontended(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    specs = [
+        bench.spec(report.FLOOR, "floor", "uncontended_floor"),
+        bench.ours("uncontended_ours"),
+        bench.ours("uncontended_ours", label=report.OURS_TRY, blocking=False),
+        *bench.peers("uncontended"),
+    ]
+    rows: dict[str, dict[str, Any]] = {
+        spec.label: {"cps": [], "acquire": [], "release": [], "lost": 0, "overlaps": 0}
+        for spec in specs
+    }
+    for number, order in enumerate(_rotations(specs, plan.rounds), 1):
+        for spec in order:
+            done = bench.pool.run(Job("uncontended", spec, cycles=plan.cycles, keys=100))
+            worker = done.workers[0]
+            row = rows[spec.label]
+            row["cps"].append(worker["cycles"] / worker["elapsed"])
+            row["acquire"].extend(worker["acquire"])
+            row["release"].extend(worker["release"])
+            row["lost"] += worker["cycles"] - done.counted
+            row["overlaps"] += done.overlaps
+        _say(
+            f"  round {number}/{plan.rounds}: "
+            + ", ".join(f"{s.label} {rows[s.label]['cps'][-1]:.0f}/s" for s in specs)
+        )
+    floor = rows[report.FLOOR]["cps"]
+    for row in rows.values():
+        # Time per cycle relative to the floor's, round by round (the floor ran beside it).
+        row["time_ratio"] = spread(ratio(f, c) for f, c in zip(floor, row["cps"], strict=True))
+        row["cps"] = spread(row["cps"])
+        row["acquire"] = summary(row["acquire"])
+        row["release"] = summary(row["release"])
+    return {"floor": report.FLOOR, "cycles": plan.cycles, "rounds": plan.rounds, "rows": rows}
+
+
+# -- 2. contended handoff -------------------------------------------------------------------------
+
+
+def handoff(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    specs = [
+        bench.ours("handoff_ours"),
+        bench.spec(report.FLOOR_POLL_10, "floor", "handoff_floor", poll=0.01),
+        bench.spec(report.FLOOR_POLL_100, "floor", "handoff_floor", poll=0.1),
+        *bench.peers("handoff"),
+    ]
+    rows: dict[str, dict[str, Any]] = {
+        spec.label: {
+            "rate": [],
+            "waits": [],
+            "gaps": [],
+            "handoffs": 0,
+            "to_other": 0,
+            "fewest": [],
+            "lost": 0,
+            "overlaps": 0,
+        }
+        for spec in specs
+    }
+    for number, order in enumerate(_rotations(specs, plan.handoff_rounds), 1):
+        for spec in order:
+            job = Job(
+                "handoff",
+                spec,
+                parties=PROCESSES,
+                duration=plan.handoff_seconds,
+                hold=HOLD,
+            )
+            done = bench.pool.run(job)
+            row = rows[spec.label]
+            turns = sorted(
+                (t1, t2, worker["worker"], t1 - t0)
+                for worker in done.workers
+                for t0, t1, t2, _t3 in worker["records"]
+            )
+            row["waits"].extend(wait for _t1, _t2, _w, wait in turns)
+            row["gaps"].extend(b[0] - a[1] for a, b in itertools.pairwise(turns))
+            row["handoffs"] += len(turns) - 1
+            row["to_other"] += sum(a[2] != b[2] for a, b in itertools.pairwise(turns))
+            counts = [len(worker["records"]) for worker in done.workers]
+            row["fewest"].append(min(counts) / (sum(counts) / len(counts)))
+            row["rate"].append(len(turns) / plan.handoff_seconds)
+            row["lost"] += len(turns) - done.counted
+            row["overlaps"] += done.overlaps
+        _say(
+            f"  round {number}/{plan.handoff_rounds}: "
+            + ", ".join(f"{s.label} {rows[s.label]['rate'][-1]:.0f}/s" for s in specs)
+        )
+    for row in rows.values():
+        row["rate"] = spread(row["rate"])
+        row["wait"] = summary(row["waits"])
+        row["gap"] = summary(row["gaps"])
+        row["other_share"] = row["to_other"] / row["handoffs"] if row["handoffs"] else math.nan
+        row["fewest_share"] = min(row["fewest"])
+        del row["gaps"]
+    return {
+        "floor": report.FLOOR_POLL_10,
+        "processes": PROCESSES,
+        "hold": HOLD,
+        "seconds": plan.handoff_seconds,
+        "rounds": plan.handoff_rounds,
+        "rows": rows,
+    }
+
+
+# -- 3. many keys -------------------------------------------------------------------------------
+
+
+def many_keys(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    specs = [
+        bench.spec(report.FLOOR, "floor", "many_floor"),
+        bench.ours("many_ours", blocking=False),
+        *bench.peers("many"),
+    ]
+    rows: dict[str, dict[str, Any]] = {
+        spec.label: {"rate": [], "tries": [], "busy": [], "lost": 0, "overlaps": 0}
+        for spec in specs
+    }
+    for number, order in enumerate(_rotations(specs, plan.many_rounds), 1):
+        for spec in order:
+            job = Job(
+                "many_keys",
+                spec,
+                parties=PROCESSES,
+                duration=plan.many_seconds,
+                keys=plan.many_keys,
+                seed=number,
+            )
+            done = bench.pool.run(job)
+            row = rows[spec.label]
+            acquired = sum(worker["acquired"] for worker in done.workers)
+            tries = sum(worker["tries"] for worker in done.workers)
+            elapsed = max(worker["elapsed"] for worker in done.workers)
+            row["rate"].append(acquired / elapsed)
+            row["tries"].append(tries / elapsed)
+            row["busy"].append(1 - acquired / tries if tries else math.nan)
+            row["lost"] += acquired - done.counted
+            row["overlaps"] += done.overlaps
+        _say(
+            f"  round {number}/{plan.many_rounds}: "
+            + ", ".join(f"{s.label} {rows[s.label]['rate'][-1]:.0f}/s" for s in specs)
+        )
+    floor = rows[report.FLOOR]["rate"]
+    for row in rows.values():
+        row["rate_ratio"] = spread(ratio(r, f) for r, f in zip(row["rate"], floor, strict=True))
+        row["rate"] = spread(row["rate"])
+        row["tries"] = spread(row["tries"])
+        row["busy"] = spread(row["busy"])
+    return {
+        "floor": report.FLOOR,
+        "processes": PROCESSES,
+        "keys": plan.many_keys,
+        "seconds": plan.many_seconds,
+        "rounds": plan.many_rounds,
+        "rows": rows,
+    }
+
+
+# -- 4. refresh, 5. footprint, 6. admin -----------------------------------------------------------
+
+
+def refresh(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    redis_url = bench.redis.url if bench.redis is not None else None
+    result = run_fresh(
+        refresh_probe, bench.mongo.url, plan.refresh_sizes, plan.refresh_ticks, redis_url
+    )
+    for size, timings in result["sizes"].items():
+        ours, floor = summary(timings["ours"]), summary(timings["floor"])
+        _say(
+            f"  {size} locks: tick {ours['p50'] * 1000:.1f} ms, "
+            f"raw update_many {floor['p50'] * 1000:.1f} ms"
+        )
+    _say(f"  memory per held lock: {result['traced_per_lock']:.0f} B (tracemalloc)")
+    return result
+
+
+def footprint(bench: Bench) -> dict[str, Any]:
+    specs = [
+        bench.ours("footprint_ours"),
+        bench.spec(report.FLOOR, "floor", "footprint_floor"),
+        *bench.peers("footprint"),
+    ]
+    rows = {spec.label: run_fresh(footprint_probe, spec) for spec in specs}
+    for label, row in rows.items():
+        _say(f"  {label}: {row['python_threads']} thread(s): {', '.join(row['names']) or '-'}")
+    return {"rows": rows}
+
+
+def admin(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    result = run_fresh(admin_probe, bench.mongo.url, plan.admin_documents, plan.admin_requests)
+    for name, timings in result["pages"].items():
+        _say(f"  {name}: median {summary(timings)['p50'] * 1000:.1f} ms")
+    return result
+
+
+WORKLOADS: Final[dict[str, Callable[[Bench], dict[str, Any]]]] = {
+    "uncontended": uncontended,
+    "handoff": handoff,
+    "many-keys": many_keys,
+    "refresh": refresh,
+    "footprint": footprint,
+    "admin": admin,
+}
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _wait_for_load(limit: float, patience: float = 300.0) -> None:
+    deadline = time.monotonic() + patience
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        _say(f"waiting for the load average ({os.getloadavg()[0]:.2f}) to fall below {limit}")
+        time.sleep(15)
+
+
+def _meta(plan: Plan, argv: Sequence[str], selected: Sequence[str]) -> dict[str, Any]:
+    commit = _git("rev-parse", "--short", "HEAD")
+    engine = Path(django_mongolock.__file__).resolve().parent
+    in_tree = engine == ROOT / "django_mongolock"
+    dirty = in_tree and bool(_git("status", "--porcelain", "--", "django_mongolock"))
+    return {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/run.py", *map(shlex.quote, argv)]),
+        "mode": plan.mode,
+        "plan": asdict(plan),
+        "workloads": list(selected),
+        "commit": commit + (" (engine with uncommitted changes)" if dirty else ""),
+        "engine_path": str(engine),
+        "engine_in_tree": in_tree,
+        "django_mongolock": django_mongolock.__version__,
+        "python": platform.python_version(),
+        "django": _version("django"),
+        "pymongo": _version("pymongo"),
+        "redis_py": _version("redis"),
+        "python_redis_lock": _version("python-redis-lock"),
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "load_start": os.getloadavg(),
+    }
+
+
+def _prepare(url: str) -> None:
+    client: MongoClient[dict[str, Any]] = MongoClient(url)
+    try:
+        client.drop_database(DATABASE)
+    finally:
+        client.close()
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/run.py",
+        description=(
+            "Benchmarks of django-mongolock beside a raw-driver floor lock and "
+            "python-redis-lock, on one MongoDB (MONGOLOCK_URL, or a single-node replica "
+            "set started for the run) and one local redis-server when installed."
+        ),
+    )
+    parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(WORKLOADS),
+        metavar="NAME",
+        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds of the interleaved workloads")
+    parser.add_argument(
+        "--docs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy the report to docs/benchmarks.md and the plot to docs/img "
+        "(default: after a full run of every workload)",
+    )
+    parser.add_argument(
+        "--wait-for-load",
+        type=float,
+        metavar="LOAD",
+        help="before starting, wait (up to 5 min) for the 1-minute load average to fall below LOAD",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = parse(arguments)
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan = replace(
+            plan, rounds=args.rounds, handoff_rounds=args.rounds, many_rounds=args.rounds
+        )
+    selected = args.only or list(WORKLOADS)
+    selected = [name for name in WORKLOADS if name in selected]
+    docs = args.docs if args.docs is not None else (plan.mode == "full" and not args.only)
+    if args.wait_for_load:
+        _wait_for_load(args.wait_for_load)
+    meta = _meta(plan, arguments, selected)
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    with mongo_server() as mongo, redis_server() as redis:
+        meta["mongodb"] = mongo.version
+        meta["topology"] = mongo.topology
+        meta["mongodb_started_here"] = mongo.started_here
+        meta["redis"] = redis.version if redis is not None else None
+        _say(f"MongoDB {mongo.version} ({mongo.topology}); Redis {meta['redis'] or 'skipped'}")
+        _prepare(mongo.url)
+        pool = Pool(PROCESSES)
+        try:
+            bench = Bench(plan, mongo, redis, pool)
+            for name in selected:
+                _say(f"{name}:")
+                began = time.monotonic()
+                results[name] = WORKLOADS[name](bench)
+                results[name]["seconds_spent"] = time.monotonic() - began
+        finally:
+            pool.close()
+            _prepare(mongo.url)
+    meta["load_end"] = os.getloadavg()
+    meta["seconds"] = time.monotonic() - started
+    written = report.write(meta, results, RESULTS, docs=docs, root=ROOT)
+    for path in written:
+        _say(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return 0
