@@ -36,6 +36,8 @@ class Lock:
     __slots__ = (
         "__weakref__",
         "_deadline",
+        "_lost",
+        "_lost_event",
         "_manager",
         "_mutex",
         "_pid",
@@ -43,7 +45,6 @@ class Lock:
         "acquired_at",
         "expires_at",
         "key",
-        "lost",
         "on_lost",
         "owner",
         "refreshable",
@@ -69,7 +70,9 @@ class Lock:
         self.acquired_at: datetime = info.acquired_at
         self.expires_at: datetime = info.expires_at
         self.ttl: float = info.ttl
-        self.lost = threading.Event()
+        # The event costs a kilobyte: it is built only when somebody asks for ``lost``.
+        self._lost = False
+        self._lost_event: threading.Event | None = None
         self.on_lost = on_lost
         self.refreshable = refresh
         self._deadline = sent_at + info.remaining
@@ -78,7 +81,7 @@ class Lock:
         self._mutex = threading.Lock()
 
     def __repr__(self) -> str:
-        state = "released" if self._released else "lost" if self.lost.is_set() else "held"
+        state = "released" if self._released else "lost" if self._lost else "held"
         mode = " shared" if self.shared else ""
         return f"<Lock {self.key!r}{mode} token={self.token} owner={self.owner!r} {state}>"
 
@@ -88,12 +91,25 @@ class Lock:
 
         Always False in a process forked from the holder: the lock is its parent's.
         """
-        if self._released or self.lost.is_set() or self._pid != os.getpid():
+        if self._released or self._lost or self._pid != os.getpid():
             return False
         if time.monotonic() >= self._deadline:
             self._mark_lost("its lease ended before it was refreshed")
             return False
         return True
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the lock is lost: check it (``is_set()``) or wait on it (``wait(t)``)."""
+        event = self._lost_event
+        if event is None:
+            with self._mutex:
+                if self._lost_event is None:
+                    self._lost_event = threading.Event()
+                    if self._lost:
+                        self._lost_event.set()
+                event = self._lost_event
+        return event
 
     @property
     def released(self) -> bool:
@@ -182,7 +198,7 @@ class Lock:
     def _check_refreshable(self) -> None:
         if self._released:
             raise LockLost(self.key, self.owner, self.token, "it was released")
-        if self.lost.is_set():
+        if self._lost:
             raise LockLost(self.key, self.owner, self.token, "it was lost before")
         if self._pid != os.getpid():
             raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
@@ -190,7 +206,7 @@ class Lock:
     def _released_by_holder(self, held: bool) -> None:
         self._manager._released(self, held)
         lock_released.send(sender=self._manager, lock=self, held=held)
-        if not held and not self.lost.is_set():
+        if not held and not self._lost:
             self._mark_lost("its lease had ended or it was released by somebody else")
 
     def _take_release(self) -> bool:
@@ -219,9 +235,12 @@ class Lock:
         after the receivers have run.
         """
         with self._mutex:
-            if self.lost.is_set():
+            if self._lost:
                 return False
-            self.lost.set()
+            self._lost = True
+            event = self._lost_event
+        if event is not None:
+            event.set()
         logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
         lock_lost.send(sender=self._manager, lock=self, reason=reason)
         if self.on_lost is not None:

@@ -27,6 +27,7 @@ from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
 from django_mongolock.primitives import Election, LockGroup, Semaphore
+from django_mongolock.queries import PLACE_GRACE_MS
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State, _redact
@@ -44,6 +45,9 @@ DEFAULT_URL = "mongodb://localhost:27017/"
 # [half, full] of that, and never past the holder's lease end or the caller's timeout.
 _BACKOFF_BASE = 0.01
 _BACKOFF_CAP = 0.5
+# How long a waiter behind others in line sleeps on the stream between attempts: well
+# within the grace period that keeps its place.
+_BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
 
 
 class LockManager:
@@ -759,9 +763,14 @@ def _next_delay(
 ) -> tuple[float, int]:
     """How long to sleep before the next attempt, and the next back-off step."""
     lease_end = max(info.next_free_in, 0.0) + 0.001
-    if info.held and stream_since is not None and stream_since <= sent_at:
+    streamed = stream_since is not None and stream_since <= sent_at
+    if info.held and streamed:
         # The stream was open before the last attempt: any release after it wakes us.
         return lease_end, attempt
+    if streamed and info.position > 0:
+        # Free, with others ahead in line: their releases wake us; the timer only keeps
+        # our place in line (it lapses PLACE_GRACE after our last attempt).
+        return _BEHIND_IN_LINE, attempt
     # No stream to wake us, or the lock is free with others ahead in line.
     delay = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
     if info.held:

@@ -90,13 +90,18 @@ class Refresher:
     def _schedule(self, due: float) -> None:
         """Tick no later than ``due``; start the thread on first need (holding ``_cond``)."""
         idle = len(self._locks) + len(self._elections) <= 1
-        self._due = due if idle else min(self._due, due)
+        sooner = idle or due < self._due
+        if sooner:
+            self._due = due
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._run, name="mongolock-refresher", daemon=True
             )
             self._thread.start()
-        self._cond.notify()
+        elif sooner:
+            # Only then must the sleeping thread recompute its wake-up: an acquire that
+            # does not move the next tick earlier costs no thread switch.
+            self._cond.notify()
 
     def unregister(self, lock: Lock) -> None:
         with self._cond:
@@ -104,7 +109,7 @@ class Refresher:
 
     def held(self) -> list[Lock]:
         with self._cond:
-            return [lk for lk in self._locks if not lk.released and not lk.lost.is_set()]
+            return [lk for lk in self._locks if not lk.released and not lk._lost]
 
     def stop(self, timeout: float = EXIT_TIMEOUT) -> None:
         """Stop the thread (bounded wait); locks are no longer refreshed."""

@@ -417,6 +417,8 @@ class LockStore:
             "$expr": _LIVE,
         }
         with self._translate:
+            # The keys select the documents: without the hint the planner also tries the
+            # TTL index, because the filter mentions expires_at.
             result = self.collection.update_many(
                 query,
                 [
@@ -427,10 +429,16 @@ class LockStore:
                         }
                     }
                 ],
+                hint=[("_id", ASCENDING)],
             )
             if result.matched_count == len(held):
                 return set()
-            alive = {doc["owner"] for doc in self.collection.find(query, projection={"owner": 1})}
+            alive = {
+                doc["owner"]
+                for doc in self.collection.find(
+                    query, projection={"owner": 1}, hint=[("_id", ASCENDING)]
+                )
+            }
         return set(owners) - alive
 
     def refresh_shared_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
