@@ -377,7 +377,10 @@ class LockManager:
             while (left := wake_at - time.monotonic()) > 0 and wake.wait(left):
                 if wake.count - seen >= needed:
                     break
-                wake.clear()  # a release that a waiter ahead of us takes
+                # A release that a waiter ahead of us takes; if that waiter is gone, its
+                # place lapses within the grace period: look again by then.
+                wake.clear()
+                wake_at = min(wake_at, time.monotonic() + _BEHIND_IN_LINE)
             wake.clear()
             watcher.ensure_running()
             seen = wake.count
@@ -460,6 +463,7 @@ class LockManager:
                 if wake.count - seen >= needed:
                     break
                 wake.clear()
+                wake_at = min(wake_at, time.monotonic() + _BEHIND_IN_LINE)
             wake.clear()
             watcher.ensure_running()
             seen = wake.count

@@ -360,7 +360,23 @@ def refresh_shared_many(owners: Sequence[str]) -> tuple[dict[str, Any], list[dic
     )
 
 
-_FREED: Final = {"released_at": "$$NOW"}
+# A release marks the document freed (the watcher wakes waiters on it) and shortens every
+# place in line to the grace period from now: live waiters, woken by the release, renew
+# theirs at their next attempt; a dead waiter's place then lapses within the grace
+# period instead of at the lease end it was waiting for.
+_FREED: Final = {
+    "released_at": "$$NOW",
+    "waiters": {
+        "$map": {
+            "input": LIVE_WAITERS,
+            "as": "w",
+            "in": {
+                "owner": "$$w.owner",
+                "until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]},
+            },
+        }
+    },
+}
 
 
 def release(key: str, owner: str, token: int) -> Update:
