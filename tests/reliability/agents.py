@@ -1,0 +1,455 @@
+"""Lock clients in processes of their own for the fault tests (``-m tests.reliability.agents``).
+
+Each agent is a real process with its own pymongo client, refresher and watcher, so a test
+can kill it (SIGKILL), freeze it (SIGSTOP) or run it under libfaketime. Agents talk JSON
+lines: ``rpc`` answers one command per stdin line (and reports lost locks as they happen);
+``contender`` and ``counter`` run a workload until told to stop, reporting every operation.
+Times are ``time.monotonic()``, which is CLOCK_MONOTONIC and so comparable between the
+processes of one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+
+def _relative_sleep(seconds: float) -> None:
+    """``time.sleep`` without ``clock_nanosleep(TIMER_ABSTIME)``.
+
+    Under libfaketime 0.9.10 with ``FAKETIME_DONT_FAKE_MONOTONIC=1`` (the only setting in
+    which a threaded Python program does not hang), Python 3.11's ``time.sleep`` fails with
+    EINVAL: libfaketime shifts the absolute monotonic deadline by the fake offset
+    (libfaketime issue #426). ``select`` sleeps for a relative time, which is unaffected.
+    """
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    select.select([], [], [], seconds)
+
+
+if "faketime" in os.environ.get("LD_PRELOAD", ""):  # before pymongo can call time.sleep
+    time.sleep = _relative_sleep  # type: ignore[assignment]
+
+import json  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, TextIO  # noqa: E402
+
+from pymongo import MongoClient  # noqa: E402
+from pymongo.errors import PyMongoError  # noqa: E402
+
+from django_mongolock import Lock, LockManager, LockNotAcquired, MongoLockError  # noqa: E402
+from django_mongolock.refresher import get_refresher  # noqa: E402
+from tests.reliability.fenced import FencedResource  # noqa: E402
+
+__all__ = ["RESOURCE", "main"]
+
+RESOURCE = "resource"
+"""The collection of the fenced resource, next to the lock collection."""
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+class Output:
+    """JSON lines on stdout, one writer at a time (the refresher thread reports too)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._mutex = threading.Lock()
+
+    def emit(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message, default=str)
+        with self._mutex:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"error": type(exc).__name__, "message": str(exc)}
+
+
+def _client(config: dict[str, Any]) -> MongoClient[dict[str, Any]]:
+    """The fenced resource's own client, bounded like the lock manager's."""
+    timeout_ms = round(config["sst"] * 1000)
+    return MongoClient(
+        config["url"],
+        serverSelectionTimeoutMS=timeout_ms,
+        connectTimeoutMS=timeout_ms,
+        timeoutMS=timeout_ms,
+        w="majority",
+        tz_aware=True,
+    )
+
+
+def _manager(config: dict[str, Any]) -> LockManager:
+    return LockManager(
+        config["url"],
+        database=config["database"],
+        ttl=config.get("ttl", 30.0),
+        server_selection_timeout=config["sst"],
+    )
+
+
+# -- rpc: one command per line ----------------------------------------------------------------
+
+
+class Rpc:
+    """Holds named locks and runs the commands the test sends, one at a time."""
+
+    def __init__(self, config: dict[str, Any], out: Output) -> None:
+        self.config = config
+        self.out = out
+        self.manager = _manager(config)
+        self.client = _client(config)
+        self.resource = FencedResource(self.client[config["database"]][RESOURCE])
+        self.locks: dict[str, Lock] = {}
+        self.lost_at: dict[str, float] = {}
+
+    def close(self) -> None:
+        self.manager.close()
+        self.client.close()
+
+    def _on_lost(self, name: str) -> Callable[[Lock], None]:
+        def report(lock: Lock) -> None:
+            at = now()
+            self.lost_at[name] = at
+            self.out.emit(
+                {"event": "lost", "name": name, "at": at, "wall": time.time(), **_view(lock)}
+            )
+
+        return report
+
+    def acquire(
+        self,
+        name: str,
+        key: str,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        refresh: bool | None = None,
+    ) -> dict[str, Any]:
+        sent = now()
+        try:
+            lock = self.manager.acquire(
+                key,
+                ttl=ttl,
+                blocking=blocking,
+                timeout=timeout,
+                refresh=refresh,
+                on_lost=self._on_lost(name),
+            )
+        except MongoLockError as exc:
+            return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        done = now()
+        self.locks[name] = lock
+        return {
+            "ok": True,
+            "sent": sent,
+            "done": done,
+            "token": lock.token,
+            "owner": lock.owner,
+            "acquired_at": lock.acquired_at.timestamp(),
+            "expires_at": lock.expires_at.timestamp(),
+            "wall": time.time(),
+            **_view(lock),
+        }
+
+    def persist(
+        self, name: str, key: str, ttl: float, timeout: float, give_up_after: float
+    ) -> dict[str, Any]:
+        """Acquire with ``timeout``, again and again, for at most ``give_up_after`` seconds.
+
+        What an application does about a MongoDB outage: try again later. Every attempt
+        is reported, so that the test can check that each one ended within its bounds.
+        """
+        attempts: list[dict[str, Any]] = []
+        until = now() + give_up_after
+        while now() < until:
+            result = self.acquire(name, key, ttl=ttl, timeout=timeout)
+            attempts.append({field: result.get(field) for field in ("ok", "error", "sent", "done")})
+            if result["ok"]:
+                return {**result, "attempts": attempts}
+            threading.Event().wait(0.1)
+        return {"ok": False, "attempts": attempts}
+
+    def write(self, name: str, write_id: str) -> dict[str, Any]:
+        """A fenced write with the lock's token, whether or not the lock is still held."""
+        lock = self.locks[name]
+        sent = now()
+        try:
+            verdict = self.resource.write(lock.key, lock.token, write_id)
+        except PyMongoError as exc:
+            return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        return {
+            "ok": True,
+            "sent": sent,
+            "done": now(),
+            "accepted": verdict.accepted,
+            "fence": verdict.fence,
+        }
+
+    def state(self, name: str) -> dict[str, Any]:
+        return {"now": now(), **_view(self.locks[name])}
+
+    def refresh(self, name: str) -> dict[str, Any]:
+        sent = now()
+        try:
+            self.locks[name].refresh()
+        except MongoLockError as exc:
+            return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        return {"ok": True, "sent": sent, "done": now(), **_view(self.locks[name])}
+
+    def release(self, name: str) -> dict[str, Any]:
+        sent = now()
+        try:
+            held = self.locks[name].release()
+        except MongoLockError as exc:
+            return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        return {"ok": True, "held": held, "sent": sent, "done": now()}
+
+    def wait_lost(self, name: str, timeout: float) -> dict[str, Any]:
+        lock = self.locks[name]
+        lost = lock.lost.wait(timeout)
+        return {"lost": lost, "at": self.lost_at.get(name), "now": now(), **_view(lock)}
+
+    def hold(self, name: str, seconds: float, every: float = 0.05) -> dict[str, Any]:
+        """Look at ``valid`` every ``every`` seconds for ``seconds``; report the first False."""
+        lock = self.locks[name]
+        started = now()
+        checks = 0
+        while (at := now()) < started + seconds:
+            checks += 1
+            if not lock.valid:
+                return {"always_valid": False, "first_invalid": at, "checks": checks}
+            lock.lost.wait(every)
+        return {"always_valid": lock.valid, "first_invalid": None, "checks": checks}
+
+    def clock(self) -> dict[str, Any]:
+        """This process's wall clock next to the server's (``hello.localTime``)."""
+        before = time.time()
+        hello = self.manager.client.admin.command("hello")
+        after = time.time()
+        server: datetime = hello["localTime"].replace(tzinfo=UTC)  # naive UTC from command()
+        return {
+            "local": (before + after) / 2,
+            "local_iso": datetime.now(UTC).isoformat(),
+            "server": server.timestamp(),
+            "monotonic": now(),
+        }
+
+    def refresher(self) -> dict[str, Any]:
+        refresher = get_refresher()
+        return {"running": refresher.running, "ticks": refresher.ticks, "held": len(refresher)}
+
+
+def _view(lock: Lock) -> dict[str, Any]:
+    return {
+        "valid": lock.valid,
+        "lost": lock.lost.is_set(),
+        "remaining": lock.remaining,
+        "deadline": lock.deadline,
+        "token": lock.token,
+    }
+
+
+def run_rpc(config: dict[str, Any], out: Output) -> int:
+    rpc = Rpc(config, out)
+    out.emit({"event": "ready", "pid": os.getpid()})
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            op = request.pop("op")
+            seq = request.pop("seq")
+            if op == "exit":
+                out.emit({"reply": seq})
+                break
+            handler = getattr(rpc, op)
+            out.emit({"reply": seq, **handler(**request)})
+    finally:
+        rpc.close()
+    return 0
+
+
+# -- contender: the failover workload ---------------------------------------------------------
+
+
+def _stop_on_stdin() -> threading.Event:
+    """Set when the test writes ``stop`` (or closes stdin)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch, name="stdin", daemon=True).start()
+    return stop
+
+
+def run_contender(config: dict[str, Any], out: Output) -> int:
+    """Take random keys, write through the fenced resource under each, release; report all.
+
+    Holders do not look at ``valid`` before writing, like code that does not know it lost
+    its lock. A few acquisitions ("laggards") take a short lease without refreshing and
+    overstay it, so that their late writes meet a newer holder's token at the resource.
+    """
+    worker = config["worker"]
+    rng = random.Random(config["seed"])
+    stop = _stop_on_stdin()
+    manager = _manager(config)
+    client = _client(config)
+    resource = FencedResource(client[config["database"]][RESOURCE])
+    out.emit({"event": "ready", "pid": os.getpid(), "worker": worker})
+    seq = 0
+    try:
+        while not stop.is_set():
+            key = rng.choice(config["keys"])
+            laggard = rng.random() < config["lag_probability"]
+            sent = now()
+            try:
+                lock = manager.acquire(
+                    key,
+                    ttl=config["lag_ttl"] if laggard else None,
+                    timeout=config["acquire_timeout"],
+                    refresh=not laggard,
+                )
+            except MongoLockError as exc:
+                busy = isinstance(exc, LockNotAcquired)
+                event = "busy" if busy else "acquire_error"
+                out.emit({"event": event, "key": key, "sent": sent, "done": now(), **_error(exc)})
+                continue
+            except Exception as exc:  # not one of the package's errors: the test judges it
+                trace = traceback.format_exc()
+                failed = {"event": "api_error", "key": key, "sent": sent, "done": now()}
+                out.emit({**failed, **_error(exc), "traceback": trace})
+                continue
+            out.emit(
+                {
+                    "event": "acquired",
+                    "key": key,
+                    "token": lock.token,
+                    "sent": sent,
+                    "done": now(),
+                    "laggard": laggard,
+                }
+            )
+            stop.wait(config["lag"] if laggard else rng.uniform(0.005, 0.03))
+            seq += 1
+            write_id = f"{worker}-{seq}"
+            write: dict[str, Any] = {"event": "write", "key": key, "token": lock.token}
+            write.update(id=write_id, sent=now())
+            try:
+                verdict = resource.write(key, lock.token, write_id)
+                write.update(outcome="accepted" if verdict.accepted else "rejected")
+                write.update(fence=verdict.fence)
+            except PyMongoError as exc:
+                write.update(outcome="unknown", **_error(exc))
+            write["done"] = now()
+            write["valid_at"] = now()
+            write["valid"] = lock.valid
+            out.emit(write)
+            sent = now()
+            try:
+                held = lock.release()
+            except MongoLockError as exc:
+                failed = {"event": "release_error", "key": key, "token": lock.token}
+                out.emit({**failed, "sent": sent, "done": now(), **_error(exc)})
+                continue
+            except Exception as exc:  # not one of the package's errors: the test judges it
+                failed = {"event": "api_error", "key": key, "token": lock.token, "sent": sent}
+                trace = traceback.format_exc()
+                out.emit({**failed, "done": now(), **_error(exc), "traceback": trace})
+                continue
+            out.emit(
+                {
+                    "event": "release",
+                    "key": key,
+                    "token": lock.token,
+                    "held": held,
+                    "sent": sent,
+                    "done": now(),
+                }
+            )
+    finally:
+        manager.close()
+        client.close()
+    out.emit({"event": "done", "worker": worker})
+    return 0
+
+
+# -- counter: the load workload ---------------------------------------------------------------
+
+
+def run_counter(config: dict[str, Any], out: Output) -> int:
+    """Increment a counter in a file ``rounds`` times, each time under the lock.
+
+    The counter is read, then written back plus one, so two overlapping sections lose an
+    increment; entering creates a marker file with O_EXCL, which fails if another section
+    is inside. The file also keeps the last token, which each holder must exceed.
+    """
+    directory = Path(config["directory"])
+    counter = directory / "counter"
+    marker = directory / "inside"
+    manager = _manager(config)
+    overlaps = regressions = sections = 0
+    out.emit({"event": "ready", "pid": os.getpid()})
+    sys.stdin.readline()  # all start together
+    started = now()
+    try:
+        for _ in range(config["rounds"]):
+            with manager.lock(config["key"], timeout=config["acquire_timeout"]) as lock:
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    alone = True
+                except FileExistsError:
+                    overlaps += 1
+                    alone = False
+                value, last_token = (int(part) for part in counter.read_text().split())
+                if lock.token <= last_token:
+                    regressions += 1
+                counter.write_text(f"{value + 1} {lock.token}")
+                sections += 1
+                if alone:
+                    marker.unlink()
+    finally:
+        manager.close()
+    out.emit(
+        {
+            "event": "done",
+            "sections": sections,
+            "overlaps": overlaps,
+            "regressions": regressions,
+            "seconds": now() - started,
+        }
+    )
+    return 0
+
+
+ROLES: dict[str, Callable[[dict[str, Any], Output], int]] = {
+    "rpc": run_rpc,
+    "contender": run_contender,
+    "counter": run_counter,
+}
+
+
+def main(argv: list[str]) -> int:
+    role, config = argv[0], json.loads(argv[1])
+    out = Output(sys.stdout)
+    try:
+        return ROLES[role](config, out)
+    except BaseException as exc:
+        out.emit({"event": "crash", **_error(exc), "traceback": traceback.format_exc()})
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

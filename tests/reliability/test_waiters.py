@@ -1,0 +1,75 @@
+"""Waiters in line that die or give up: the lock must still go to the next one in time."""
+
+from __future__ import annotations
+
+import time
+
+from django_mongolock.testing import MongoReplicaSet
+from tests.reliability.conftest import SLACK, Agent, Record, Spawn, agent_config
+
+PLACE_GRACE = 2.0
+"""How long a place in line lasts past a release, unless renewed (queries.PLACE_GRACE_MS)."""
+BEHIND_IN_LINE = 0.75 * PLACE_GRACE
+"""How soon a waiter that a release did not wake looks again (manager._BEHIND_IN_LINE)."""
+
+
+def line(spawn: Spawn, replica_set: MongoReplicaSet, database: str) -> list[Agent]:
+    """A holder and two waiters, each a process of its own."""
+    config = agent_config(replica_set, database)
+    agents = [spawn("rpc", config, name=name) for name in ("holder", "first", "second")]
+    for agent in agents:
+        agent.event("ready", 30)
+    return agents
+
+
+def wait_in_line(agent: Agent, key: str, timeout: float) -> int:
+    """Start a blocking acquire and give the agent time to join the line."""
+    seq = agent.send("acquire", name=key, key=key, timeout=timeout)
+    time.sleep(0.5)
+    return seq
+
+
+def test_a_killed_waiter_holds_a_freed_lock_back_at_most_for_the_grace_period(
+    replica_set: MongoReplicaSet, database: str, spawn: Spawn, record: Record
+) -> None:
+    """A release cuts every place in line to ``PLACE_GRACE``; the live waiter renews its
+    own, the dead one's lapses, and the waiter behind it looks again within
+    ``BEHIND_IN_LINE``, well before the holder's lease would have ended."""
+    ttl = 30.0
+    holder, first, second = line(spawn, replica_set, database)
+    taken = holder.call("acquire", name="job", key="job", ttl=ttl)
+    assert taken["ok"], taken
+    wait_in_line(first, "job", 60)
+    behind = wait_in_line(second, "job", 60)
+    first.kill()
+    released = holder.call("release", name="job")
+    assert released["held"]
+    got = second.reply(behind, timeout=PLACE_GRACE + BEHIND_IN_LINE + 30)
+    assert got["ok"], got
+    held_back = got["done"] - released["done"]
+    record(held_back_after_release_seconds=held_back)
+    assert held_back <= PLACE_GRACE + BEHIND_IN_LINE + SLACK
+    assert got["token"] > taken["token"]
+
+
+def test_a_waiter_that_gave_up_does_not_hold_back_the_one_behind_it(
+    replica_set: MongoReplicaSet, database: str, spawn: Spawn, record: Record
+) -> None:
+    """The waiter behind counts one release fewer than it expected, and looks again within
+    ``BEHIND_IN_LINE`` instead of sleeping until the holder's lease end."""
+    ttl = 30.0
+    holder, first, second = line(spawn, replica_set, database)
+    taken = holder.call("acquire", name="job", key="job", ttl=ttl)
+    assert taken["ok"], taken
+    ahead = wait_in_line(first, "job", 1.0)
+    behind = wait_in_line(second, "job", 60)
+    gave_up = first.reply(ahead, timeout=30)
+    assert (gave_up["ok"], gave_up["error"]) == (False, "LockNotAcquired")
+    released = holder.call("release", name="job")
+    assert released["held"]
+    got = second.reply(behind, timeout=BEHIND_IN_LINE + 30)
+    assert got["ok"], got
+    free = got["done"] - released["done"]
+    record(free_but_not_taken_seconds=free)
+    assert free <= BEHIND_IN_LINE + SLACK
+    assert got["token"] > taken["token"]
