@@ -69,6 +69,7 @@ class AsyncLockStore:
             projection=op.projection,
             upsert=True,
             return_document=ReturnDocument.AFTER,
+            let=op.let,
         )
         assert doc is not None  # an upsert with AFTER always returns the document
         return doc  # type: ignore[no-any-return]
@@ -97,10 +98,14 @@ class AsyncLockStore:
         return info.as_holder(owner) if shared else info
 
     async def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
-        op = (queries.release_shared if shared else queries.release)(key, owner, token)
+        if shared:
+            with self._translate:
+                doc = await self._update(queries.release_shared(key, owner, token))
+            return _released_live(doc)
+        op = queries.release(key, owner, token)
         with self._translate:
-            doc = await self._update(op)
-        return _released_live(doc)
+            result = await self.collection.update_one(op.filter, op.pipeline)
+        return result.modified_count == 1
 
     async def close(self) -> None:
         await self.client.close()

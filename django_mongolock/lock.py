@@ -36,6 +36,8 @@ class Lock:
     __slots__ = (
         "__weakref__",
         "_deadline",
+        "_expiry",
+        "_expiry_deadline",
         "_lost",
         "_lost_event",
         "_manager",
@@ -43,7 +45,6 @@ class Lock:
         "_pid",
         "_released",
         "acquired_at",
-        "expires_at",
         "key",
         "on_lost",
         "owner",
@@ -68,7 +69,6 @@ class Lock:
         self.owner: str = info.owner
         self.token: int = info.token
         self.acquired_at: datetime = info.acquired_at
-        self.expires_at: datetime = info.expires_at
         self.ttl: float = info.ttl
         # The event costs a kilobyte: it is built only when somebody asks for ``lost``.
         self._lost = False
@@ -76,6 +76,10 @@ class Lock:
         self.on_lost = on_lost
         self.refreshable = refresh
         self._deadline = sent_at + info.remaining
+        # The server's lease end as last reported, and the local deadline it matched:
+        # a refresher tick moves only the deadline, and expires_at follows it.
+        self._expiry = info.expires_at
+        self._expiry_deadline = self._deadline
         self._released = False
         self._pid = os.getpid()
         self._mutex = threading.Lock()
@@ -110,6 +114,12 @@ class Lock:
                         self._lost_event.set()
                 event = self._lost_event
         return event
+
+    @property
+    def expires_at(self) -> datetime:
+        """The lease end in server time (as of the last refresh)."""
+        moved = self._deadline - self._expiry_deadline
+        return self._expiry + timedelta(seconds=moved) if moved else self._expiry
 
     @property
     def released(self) -> bool:
@@ -218,15 +228,9 @@ class Lock:
         return True
 
     def _extend(self, info: LockInfo, sent_at: float) -> None:
-        self.expires_at = info.expires_at
         self.ttl = info.ttl
-        self._deadline = sent_at + info.remaining
-
-    def _extended(self, sent_at: float) -> None:
-        """The refresher extended the lease by ``ttl`` at a server time after ``sent_at``."""
-        deadline = sent_at + self.ttl
-        self.expires_at += timedelta(seconds=deadline - self._deadline)
-        self._deadline = deadline
+        self._deadline = self._expiry_deadline = sent_at + info.remaining
+        self._expiry = info.expires_at
 
     def _mark_lost(self, reason: str) -> bool:
         """Set ``lost``, then tell everybody (signal, ``on_lost``) once; False if lost before.

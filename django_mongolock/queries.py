@@ -10,16 +10,22 @@ about time is made by the server inside the update.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+import bson
+from bson.raw_bson import RawBSONDocument
 
 __all__ = [
     "CLUSTER_TOKEN",
     "HELD",
     "LIVE",
     "PROJECTION",
+    "RELEASE_PIPELINE",
     "Acquire",
+    "Release",
     "Update",
     "acquire",
     "leave_queue",
@@ -82,10 +88,15 @@ _NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER
 
 @dataclass(frozen=True, slots=True)
 class Acquire:
-    """One upsert: ``find_one_and_update({"_id": key}, pipeline, projection, upsert)``."""
+    """One upsert: ``find_one_and_update({"_id": key}, pipeline, projection, upsert, let)``.
 
-    pipeline: list[dict[str, Any]]
-    projection: dict[str, Any]
+    The pipeline and projection depend only on the kind of request and are encoded once;
+    the owner, the lease and the tags travel as the command's ``let`` variables.
+    """
+
+    pipeline: list[Mapping[str, Any]]  # the driver takes a list, never a tuple
+    projection: Mapping[str, Any]
+    let: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +109,23 @@ class Update:
     return_after: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One ``update_one(filter, pipeline)`` that modifies the document only if the lease was live.
+
+    An update, not a ``findAndModify``: the server keeps no pre-image for a retry, and
+    ``modified_count`` still tells a live lease (1) from an ended one (0).
+    """
+
+    filter: dict[str, Any]
+    pipeline: list[Mapping[str, Any]]
+
+
 def _lease_end(ttl: float) -> dict[str, Any]:
     return {"$add": ["$$NOW", round(ttl * 1000)]}
 
 
-def _mine(me: Mapping[str, Any]) -> dict[str, Any]:
+def _mine(me: Any) -> dict[str, Any]:
     """This owner's entry in ``holders`` (missing when it has none)."""
     return {
         "$arrayElemAt": [
@@ -118,34 +141,124 @@ def _mine(me: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _queue_busy(me: Mapping[str, Any]) -> dict[str, Any]:
-    """The document with ``me`` in its line of waiters (added, or its place renewed).
+# The acquire command's variables: the owner, the lease in seconds and in milliseconds,
+# the shared limit, the live waiters (q) and live shared holders (h) before the update.
+_ME: Final = "$$me"
+_LEASE_END: Final = {"$add": ["$$NOW", "$$ttl_ms"]}
+
+
+def _queue_busy() -> dict[str, Any]:
+    """The document with the caller in its line of waiters (added, or its place renewed).
 
     A waiter's place lapses unless it tries again by shortly after the lease end it was
     told to wait for (it wakes at that lease end at the latest).
     """
     until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
-    place = {"owner": me, "until": until}
+    place = {"owner": _ME, "until": until}
     return {
         "$mergeObjects": [
             "$$ROOT",
             {
                 "waiters": {
                     "$cond": [
-                        {"$in": [me, "$_q.owner"]},
+                        {"$in": [_ME, "$$q.owner"]},
                         {
                             "$map": {
-                                "input": "$_q",
+                                "input": "$$q",
                                 "as": "w",
-                                "in": {"$cond": [{"$eq": ["$$w.owner", me]}, place, "$$w"]},
+                                "in": {"$cond": [{"$eq": ["$$w.owner", _ME]}, place, "$$w"]},
                             }
                         },
-                        {"$concatArrays": ["$_q", [place]]},
+                        {"$concatArrays": ["$$q", [place]]},
                     ]
                 }
             },
         ]
     }
+
+
+@functools.cache
+def _acquire_command(
+    queue: bool, shared: bool, limited: bool, tag_names: tuple[str, ...]
+) -> tuple[tuple[RawBSONDocument, ...], RawBSONDocument]:
+    """The pipeline and projection of one kind of acquire, BSON-encoded once."""
+    extra = {name: f"$$tag{n}" for n, name in enumerate(tag_names)}
+    waiters = {"$filter": {"input": "$$q", "as": "w", "cond": {"$ne": ["$$w.owner", _ME]}}}
+    variables: dict[str, Any] = {"q": LIVE_WAITERS}
+    if shared:
+        variables["h"] = LIVE_HOLDERS
+        entry = {
+            "owner": _ME,
+            "token": "$$t",
+            "acquired_at": "$$NOW",
+            "expires_at": _LEASE_END,
+            "ttl": "$$ttl",
+            **extra,
+        }
+        fields = {
+            "key": "$_id",
+            "mode": "shared",
+            "limit": "$$limit" if limited else None,
+            "owner": None,
+            "token": "$$t",
+            "acquired_at": "$$NOW",
+            "refreshed_at": "$$NOW",
+            "expires_at": {"$max": [_LEASE_END, {"$max": "$$h.expires_at"}]},
+            "ttl": "$$ttl",
+            "holders": {"$concatArrays": ["$$h", [entry]]},
+            "waiters": waiters,
+            "group": None,
+            "kind": None,
+        }
+        # The token is used twice: computed once, and only when the key is taken.
+        taken: Any = {
+            "$let": {
+                "vars": {"t": _NEW_TOKEN},
+                "in": {"$mergeObjects": ["$$ROOT", fields]},
+            }
+        }
+        no_writer = {
+            "$or": [
+                {"$in": [{"$ifNull": ["$owner", None]}, [None, ""]]},
+                {"$lte": ["$expires_at", "$$NOW"]},
+            ]
+        }
+        room = {"$lt": [{"$size": "$$h"}, "$$limit"]} if limited else True
+        free: Any = {"$and": [no_writer, room]}
+        projection = {**PROJECTION, "mine": _mine(_ME)}
+    else:
+        taken = {
+            "_id": "$_id",
+            "key": "$_id",
+            "owner": _ME,
+            "token": _NEW_TOKEN,
+            "acquired_at": "$$NOW",
+            "refreshed_at": "$$NOW",
+            "expires_at": _LEASE_END,
+            "ttl": "$$ttl",
+            "waiters": waiters,
+            **extra,
+        }
+        # A missing expires_at sorts below every date, so a fresh upsert takes the lock;
+        # shared leases keep the top-level expires_at at the latest of them.
+        free = {"$lte": ["$expires_at", "$$NOW"]}
+        projection = dict(PROJECTION)
+    my_turn = {
+        "$or": [
+            {"$eq": [{"$size": "$$q"}, 0]},
+            {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
+        ]
+    }
+    if queue:
+        # The caller's place in line, so that it sleeps through the releases that are
+        # for the waiters ahead of it.
+        place = {"$map": {"input": LIVE_WAITERS, "as": "w", "in": "$$w.owner"}}
+        projection["position"] = {"$indexOfArray": [place, _ME]}
+    # One stage: a busy key without a queue comes back unchanged, which the server
+    # does not write at all.
+    decide = {"$cond": [{"$and": [free, my_turn]}, taken, _queue_busy() if queue else "$$ROOT"]}
+    stage = {"$replaceWith": {"$let": {"vars": variables, "in": decide}}}
+    return (RawBSONDocument(bson.encode(stage)),), RawBSONDocument(bson.encode(projection))
 
 
 def acquire(
@@ -165,88 +278,14 @@ def acquire(
     its lock straight back from those who waited. With ``queue`` (a blocking
     acquirer), a caller that does not get the key joins the line.
     """
-    me = {"$literal": owner}
-    extra = {name: {"$literal": value} for name, value in (tags or {}).items()}
-    waiters = {"$filter": {"input": "$_q", "as": "w", "cond": {"$ne": ["$$w.owner", me]}}}
-    if shared:
-        entry = {
-            "owner": me,
-            "token": "$_t",
-            "acquired_at": "$$NOW",
-            "expires_at": _lease_end(ttl),
-            "ttl": ttl,
-            **extra,
-        }
-        taken: Any = {
-            "$mergeObjects": [
-                "$$ROOT",
-                {
-                    "key": "$_id",
-                    "mode": "shared",
-                    "limit": limit,
-                    "owner": None,
-                    "token": "$_t",
-                    "acquired_at": "$$NOW",
-                    "refreshed_at": "$$NOW",
-                    "expires_at": {"$max": [_lease_end(ttl), {"$max": "$_h.expires_at"}]},
-                    "ttl": ttl,
-                    "holders": {"$concatArrays": ["$_h", [entry]]},
-                    "waiters": waiters,
-                    "group": None,
-                    "kind": None,
-                },
-            ]
-        }
-        no_writer = {
-            "$or": [
-                {"$in": [{"$ifNull": ["$owner", None]}, [None, ""]]},
-                {"$lte": ["$expires_at", "$$NOW"]},
-            ]
-        }
-        room = True if limit is None else {"$lt": [{"$size": "$_h"}, limit]}
-        free: Any = {"$and": [no_writer, room]}
-        projection = {**PROJECTION, "mine": _mine(me)}
-    else:
-        taken = {
-            "_id": "$_id",
-            "key": "$_id",
-            "owner": me,
-            "token": "$_t",
-            "acquired_at": "$$NOW",
-            "refreshed_at": "$$NOW",
-            "expires_at": _lease_end(ttl),
-            "ttl": ttl,
-            "waiters": waiters,
-            **extra,
-        }
-        # A missing expires_at sorts below every date, so a fresh upsert takes the lock;
-        # shared leases keep the top-level expires_at at the latest of them.
-        free = {"$lte": ["$expires_at", "$$NOW"]}
-        projection = PROJECTION
-    my_turn = {
-        "$or": [
-            {"$eq": [{"$size": "$_q"}, 0]},
-            {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
-        ]
-    }
-    busy = _queue_busy(me) if queue else "$$ROOT"
-    if queue:
-        # The caller's place in line, so that it sleeps through the releases that are
-        # for the waiters ahead of it.
-        place = {"$map": {"input": LIVE_WAITERS, "as": "w", "in": "$$w.owner"}}
-        projection = {**projection, "position": {"$indexOfArray": [place, me]}}
-    pipeline: list[dict[str, Any]] = [
-        {
-            "$set": {
-                "_q": LIVE_WAITERS,
-                "_t": _NEW_TOKEN,
-                **({"_h": LIVE_HOLDERS} if shared else {}),
-            }
-        },
-        {"$replaceWith": {"$cond": [{"$and": [free, my_turn]}, taken, busy]}},
-        {"$unset": ["_q", "_t", "_h"] if shared else ["_q", "_t"]},
-    ]
-    return Acquire(pipeline, projection)
+    tags = tags or {}
+    pipeline, projection = _acquire_command(queue, shared, limit is not None, tuple(tags))
+    let: dict[str, Any] = {"me": {"$literal": owner}, "ttl": ttl, "ttl_ms": round(ttl * 1000)}
+    if limit is not None:
+        let["limit"] = limit
+    for n, value in enumerate(tags.values()):
+        let[f"tag{n}"] = {"$literal": value}
+    return Acquire(list(pipeline), projection, let)
 
 
 def leave_queue(key: str, owner: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -379,29 +418,40 @@ _FREED: Final = {
 }
 
 
-def release(key: str, owner: str, token: int) -> Update:
+def release(key: str, owner: str, token: int) -> Release:
     """Give up an exclusive lock: free its document in place, in one round trip.
 
     The document stays (without an owner it is no lock, and the TTL index purges it
     ``RETENTION`` seconds later), so the line of waiters survives the release, the next
     acquisition of the key is an update rather than an insert, and the stored token
     keeps counting. The filter on owner and token means a release can never touch
-    somebody else's lock. The returned projection says whether the lease was still live.
+    somebody else's lock. A lease that has already ended is left as it is: it is free
+    already, and the unmodified document tells the caller that it was no longer held.
     """
-    return Update(
-        {"_id": key, "owner": owner, "token": token},
-        [
+    return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
+
+
+# The one release pipeline of every exclusive lock (also applied in bulk at exit).
+RELEASE_PIPELINE: Final = (
+    RawBSONDocument(
+        bson.encode(
             {
-                "$set": {
-                    "owner": None,
-                    **_FREED,
-                    "expires_at": {"$min": ["$expires_at", "$$NOW"]},
+                "$replaceWith": {
+                    "$cond": [
+                        LIVE,
+                        {
+                            "$mergeObjects": [
+                                "$$ROOT",
+                                {"owner": None, **_FREED, "expires_at": "$$NOW"},
+                            ]
+                        },
+                        "$$ROOT",
+                    ]
                 }
             }
-        ],
-        {"_id": 0, "live": LIVE},
-        return_after=False,
-    )
+        )
+    ),
+)
 
 
 def release_shared(key: str, owner: str, token: int) -> Update:

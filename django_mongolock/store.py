@@ -370,6 +370,7 @@ class LockStore:
             projection=op.projection,
             upsert=True,
             return_document=ReturnDocument.AFTER,
+            let=op.let,
         )
         assert doc is not None  # an upsert with AFTER always returns the document
         return doc  # type: ignore[no-any-return]
@@ -406,10 +407,14 @@ class LockStore:
         is removed. The change stream wakes the waiters, and the filter on owner and
         token means a release never touches somebody else's lock.
         """
-        op = (queries.release_shared if shared else queries.release)(key, owner, token)
+        if shared:
+            with self._translate:
+                doc = self._update(queries.release_shared(key, owner, token))
+            return _released_live(doc)
+        op = queries.release(key, owner, token)
         with self._translate:
-            doc = self._update(op)
-        return _released_live(doc)
+            result = self.collection.update_one(op.filter, op.pipeline)
+        return result.modified_count == 1
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
         """Extend every live lease in ``held`` (key, owner, token) in one write.
@@ -422,12 +427,10 @@ class LockStore:
             return set()
         keys = [key for key, _, _ in held]
         owners = [owner for _, owner, _ in held]
-        query = {
-            "_id": {"$in": keys},
-            "owner": {"$in": owners},
-            "token": {"$in": [token for _, _, token in held]},
-            "$expr": _LIVE,
-        }
+        # An owner id is unique per acquisition and its document holds one token for it,
+        # so key and owner name the lease: the tokens need not travel (a third less to
+        # send and match).
+        query = {"_id": {"$in": keys}, "owner": {"$in": owners}, "$expr": _LIVE}
         with self._translate:
             # The keys select the documents: without the hint the planner also tries the
             # TTL index, because the filter mentions expires_at.
@@ -484,7 +487,7 @@ class LockStore:
                     "owner": {"$in": [owner for _, owner, _ in held]},
                     "token": {"$in": [token for _, _, token in held]},
                 },
-                queries.release("", "", 0).pipeline,
+                list(queries.RELEASE_PIPELINE),
             )
         return result.modified_count
 
