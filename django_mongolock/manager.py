@@ -6,6 +6,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import random
@@ -263,8 +264,8 @@ class LockManager:
 
     def new_owner(self) -> str:
         """A holder id unique per acquisition: ``host:pid:random`` (or ``OWNER:pid:random``)."""
-        prefix = self.owner or socket.gethostname()
-        return f"{prefix}:{os.getpid()}:{secrets.token_hex(6)}"
+        ids = _owner_ids()
+        return f"{self.owner or ids.host}:{ids.pid}:{next(ids.serial) % 2**48:012x}"
 
     def acquire(
         self,
@@ -702,6 +703,33 @@ class LockContext:
         lock, self._lock = self._lock, None
         if lock is not None:
             await lock.__aexit__(exc_type, exc, tb)
+
+
+class _OwnerIds:
+    """This process's source of holder ids: its host, its pid and a counter from a random start.
+
+    A counter rather than fresh randomness per acquisition: unique all the same within
+    the process, and no system call on the hot path.
+    """
+
+    __slots__ = ("host", "pid", "serial")
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.serial = itertools.count(secrets.randbits(48))
+
+
+_ids: _OwnerIds | None = None
+
+
+def _owner_ids() -> _OwnerIds:
+    """The ids of this process (a forked child starts its own)."""
+    global _ids
+    ids = _ids
+    if ids is None or ids.pid != os.getpid():
+        ids = _ids = _OwnerIds()
+    return ids
 
 
 @dataclass(frozen=True, slots=True)

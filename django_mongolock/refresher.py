@@ -90,19 +90,21 @@ class Refresher:
             self._elections.discard(election)
 
     def _schedule(self, due: float) -> None:
-        """Tick no later than ``due``; start the thread on first need (holding ``_cond``)."""
-        idle = len(self._locks) + len(self._elections) <= 1
-        sooner = idle or due < self._due
-        if sooner:
-            self._due = due
+        """Tick no later than ``due``; start the thread on first need (holding ``_cond``).
+
+        ``_due`` is when the thread wakes next (infinity while it has nothing to keep).
+        Only a due date earlier than that wakes the sleeping thread: acquiring and
+        releasing in a loop costs no thread switch per lock; the next tick simply
+        refreshes whatever is held by then.
+        """
         if self._thread is None or not self._thread.is_alive():
+            self._due = due
             self._thread = threading.Thread(
                 target=self._run, name="mongolock-refresher", daemon=True
             )
             self._thread.start()
-        elif sooner:
-            # Only then must the sleeping thread recompute its wake-up: an acquire that
-            # does not move the next tick earlier costs no thread switch.
+        elif due < self._due:
+            self._due = due
             self._cond.notify()
 
     def unregister(self, lock: Lock) -> None:
@@ -127,19 +129,23 @@ class Refresher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (
-                    not (self._locks or self._elections) or time.monotonic() < self._due
-                ):
-                    busy = self._locks or self._elections
-                    self._cond.wait(self._due - time.monotonic() if busy else None)
+                while not self._stopping:
+                    if not (self._locks or self._elections):
+                        self._due = math.inf
+                    left = self._due - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(None if left == math.inf else left)
                 if self._stopping:
                     return
+                # A lock registered while the tick runs may ask for an earlier tick.
+                self._due = math.inf
             try:
                 self.tick()
             except Exception:  # the thread must outlive any single failure
                 logger.exception("refresh tick failed")
                 with self._cond:
-                    self._due = time.monotonic() + RETRY_INTERVAL
+                    self._due = min(self._due, time.monotonic() + RETRY_INTERVAL)
 
     def tick(self) -> None:
         """Extend every held lease now: one write per collection, then mark the lost ones.
@@ -202,7 +208,7 @@ class Refresher:
                     # Extended by its ttl at a server time after sent_at.
                     lock._deadline = sent_at + lock.ttl
         with self._cond:
-            self._due = next_due
+            self._due = min(self._due, next_due)
             for lock, _ in lost:
                 self._locks.discard(lock)
         self.ticks += 1

@@ -22,18 +22,49 @@ class _Wakeable(Protocol):
     def set(self) -> None: ...
 
 
-class Wake(threading.Event):
-    """A waiter's wake-up event that also counts how often it was set (releases seen)."""
+class Wake:
+    """A waiter's wake-up: set by releases (and counted), waited on by one thread.
+
+    Every blocking acquire subscribes before its first attempt, and most never wait:
+    the ``threading.Event`` is built only when the waiter first sleeps.
+    """
+
+    __slots__ = ("_event", "_flag", "_mutex", "count")
 
     def __init__(self) -> None:
-        super().__init__()
-        self._count_mutex = threading.Lock()
+        self._mutex = threading.Lock()
+        self._event: threading.Event | None = None
+        self._flag = False
         self.count = 0
 
     def set(self) -> None:
-        with self._count_mutex:
+        with self._mutex:
             self.count += 1
-        super().set()
+            self._flag = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        with self._mutex:
+            self._flag = False
+            if self._event is not None:
+                self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until set (True) or ``timeout`` seconds (False)."""
+        event = self._event
+        if event is None:
+            with self._mutex:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self._flag:
+                        self._event.set()
+                event = self._event
+        return event.wait(timeout)
 
 
 class AsyncWake(asyncio.Event):
