@@ -97,19 +97,13 @@ class AsyncLockStore:
         info = LockInfo.from_document(doc)
         return info.as_holder(owner) if shared else info
 
-    async def release(
-        self, key: str, owner: str, token: int, *, shared: bool = False, alone: bool = False
-    ) -> bool:
+    async def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
         if shared:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return _released_live(doc)
         op = queries.release(key, owner, token)
         with self._translate:
-            if alone:
-                deleted = await self.collection.delete_one(queries.release_alone(key, owner, token))
-                if deleted.deleted_count:
-                    return True
             result = await self.collection.update_one(op.filter, op.pipeline)
         return result.modified_count == 1
 

@@ -35,7 +35,6 @@ class Lock:
 
     __slots__ = (
         "__weakref__",
-        "_alone",
         "_deadline",
         "_expiry",
         "_expiry_deadline",
@@ -82,8 +81,6 @@ class Lock:
         self._expiry = info.expires_at
         self._expiry_deadline = self._deadline
         self._released = False
-        # Nobody was in line when it was taken: its release tries the cheaper delete.
-        self._alone = info.waiting == 0
         self._pid = os.getpid()
         self._mutex = threading.Lock()
 
@@ -156,9 +153,7 @@ class Lock:
         """
         if not self._take_release():
             return False
-        held = self._manager.store.release(
-            self.key, self.owner, self.token, shared=self.shared, alone=self._alone
-        )
+        held = self._manager.store.release(self.key, self.owner, self.token, shared=self.shared)
         self._released_by_holder(held)
         return held
 
@@ -181,9 +176,7 @@ class Lock:
         if not self._take_release():
             return False
         store = await self._manager._astore()
-        held = await store.release(
-            self.key, self.owner, self.token, shared=self.shared, alone=self._alone
-        )
+        held = await store.release(self.key, self.owner, self.token, shared=self.shared)
         self._released_by_holder(held)
         return held
 

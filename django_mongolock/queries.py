@@ -32,7 +32,6 @@ __all__ = [
     "refresh",
     "refresh_shared",
     "release",
-    "release_alone",
     "release_shared",
 ]
 
@@ -430,23 +429,6 @@ def release(key: str, owner: str, token: int) -> Release:
     already, and the unmodified document tells the caller that it was no longer held.
     """
     return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
-
-
-def release_alone(key: str, owner: str, token: int) -> dict[str, Any]:
-    """``delete_one`` filter that gives up a live exclusive lock nobody waits in line for.
-
-    Without waiters there is no line to keep, and a delete (like the insert the next
-    acquisition of the key then makes) costs the server less than freeing the document
-    in place. The fencing token still grows: the next token comes from the cluster time,
-    which has moved past this lock's. Matches nothing when the lease has ended or a
-    waiter joined the line meanwhile; the caller then frees the document in place.
-    """
-    return {
-        "_id": key,
-        "owner": owner,
-        "token": token,
-        "$expr": {"$and": [LIVE, {"$eq": [{"$size": LIVE_WAITERS}, 0]}]},
-    }
 
 
 # The one release pipeline of every exclusive lock (also applied in bulk at exit).

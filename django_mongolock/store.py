@@ -400,14 +400,10 @@ class LockStore:
         info = LockInfo.from_document(doc)
         return info.as_holder(owner) if shared else info
 
-    def release(
-        self, key: str, owner: str, token: int, *, shared: bool = False, alone: bool = False
-    ) -> bool:
+    def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
         """Give the holder's lock up in one round trip; True only if its lease was live.
 
-        The document is freed in place (see ``queries.release``), or deleted when the
-        holder saw nobody in line (``alone``, see ``queries.release_alone``; if somebody
-        joined the line since, that costs a second round trip); a shared holder's entry
+        The document is freed in place (see ``queries.release``); a shared holder's entry
         is removed. The change stream wakes the waiters, and the filter on owner and
         token means a release never touches somebody else's lock.
         """
@@ -417,10 +413,6 @@ class LockStore:
             return _released_live(doc)
         op = queries.release(key, owner, token)
         with self._translate:
-            if alone:
-                deleted = self.collection.delete_one(queries.release_alone(key, owner, token))
-                if deleted.deleted_count:
-                    return True
             result = self.collection.update_one(op.filter, op.pipeline)
         return result.modified_count == 1
 
