@@ -57,11 +57,11 @@ class Plan:
 
 FULL: Final = Plan(
     mode="full",
-    rounds=5,
+    rounds=9,
     cycles=1000,
     handoff_rounds=3,
     handoff_seconds=5.0,
-    many_rounds=3,
+    many_rounds=5,
     many_seconds=4.0,
     many_keys=1000,
     refresh_sizes=(1000, 10000),
@@ -105,6 +105,19 @@ class Bench:
             manager.ensure_indexes()  # as deployed: after migrate_mongolock
         return spec
 
+    def floor_with_ttl(self, collection: str) -> Spec:
+        """The floor on a collection with the TTL index on ``expires_at`` that ours has.
+
+        A reference row, not a target: it shows what the index that purges the documents
+        of crashed holders costs any MongoDB lock, whatever its code.
+        """
+        client: MongoClient[dict[str, Any]] = MongoClient(self.mongo.url)
+        try:
+            client[DATABASE][collection].create_index("expires_at", expireAfterSeconds=3600)
+        finally:
+            client.close()
+        return self.spec(report.FLOOR_TTL, "floor", collection)
+
     def peers(self, collection: str) -> list[Spec]:
         if self.redis is None:
             return []
@@ -128,6 +141,7 @@ def uncontended(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     specs = [
         bench.spec(report.FLOOR, "floor", "uncontended_floor"),
+        bench.floor_with_ttl("uncontended_floor_ttl"),
         bench.ours("uncontended_ours"),
         bench.ours("uncontended_ours", label=report.OURS_TRY, blocking=False),
         *bench.peers("uncontended"),
@@ -237,6 +251,7 @@ def many_keys(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     specs = [
         bench.spec(report.FLOOR, "floor", "many_floor"),
+        bench.floor_with_ttl("many_floor_ttl"),
         bench.ours("many_ours", blocking=False),
         *bench.peers("many"),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -64,7 +65,7 @@ def test_tokens_grow_across_release_expiry_deletion_and_force_release(
     tokens = []
     lock = manager.acquire("fenced", ttl=30)
     tokens.append(lock.token)
-    lock.release()  # released: the document is deleted
+    lock.release()  # released: the document is freed in place
     lock = other.acquire("fenced", ttl=0.2, refresh=False)
     tokens.append(lock.token)
     time.sleep(0.3)  # expired, not released
@@ -261,3 +262,46 @@ def test_unreachable_while_waiting_raises_promptly(manager: LockManager) -> None
     ):
         dead.acquire("k", timeout=30)
     assert time.monotonic() - started < 3
+
+
+def test_holder_ids_are_unique_per_acquisition_and_name_the_process(manager: LockManager) -> None:
+    owners = [manager.new_owner() for _ in range(10_000)]
+    assert len(set(owners)) == len(owners)
+    host, pid, serial = owners[0].rsplit(":", 2)
+    assert host
+    assert int(pid) == os.getpid()
+    assert len(serial) == 12
+    int(serial, 16)
+
+
+def test_a_forked_child_makes_holder_ids_of_its_own(manager: LockManager) -> None:
+    before = manager.new_owner()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, manager.new_owner().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child.rsplit(":", 2)[1] == str(pid)
+    assert child != manager.new_owner() != before
+
+
+def test_releasing_an_ended_lease_says_so_and_leaves_the_document_alone(
+    manager: LockManager,
+) -> None:
+    lock = manager.acquire("ended", ttl=0.1, refresh=False)
+    time.sleep(0.2)
+    before = manager.store.collection.find_one({"_id": "ended"})
+    assert lock.release() is False
+    assert lock.lost.is_set()
+    assert manager.store.collection.find_one({"_id": "ended"}) == before
+    after = manager.acquire("ended", blocking=False)
+    assert after.token > lock.token
+    assert after.release() is True
+    freed = manager.store.collection.find_one({"_id": "ended"})
+    assert freed is not None
+    assert freed["owner"] is None
+    assert "released_at" in freed

@@ -219,3 +219,44 @@ def test_locks_of_a_closed_manager_are_lost_not_resurrected(
     with pytest.raises(MongoLockError, match="closed"):
         closing.acquire("again")
     assert lock not in refresher.held()
+
+
+def test_taking_locks_does_not_wake_the_refresher_unless_it_must_tick_sooner(
+    manager: LockManager, refresher: Refresher
+) -> None:
+    first = manager.acquire("schedule-first", ttl=30)
+    due = refresher._due
+    assert due <= time.monotonic() + 10.0 + 0.5  # a third of the lease
+    # Same lease, taken later: the next tick is due no sooner, so the thread sleeps on.
+    later = manager.acquire("schedule-later", ttl=30)
+    assert refresher._due == due
+    later.release()
+    # A shorter lease must be refreshed sooner: the tick moves earlier.
+    short = manager.acquire("schedule-short", ttl=1.5)
+    assert refresher._due < due
+    assert refresher._due <= time.monotonic() + 0.5 + 0.1
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert short.valid
+        assert first.valid
+        time.sleep(0.1)
+    short.release()
+    first.release()
+
+
+def test_the_refresher_sleeps_without_a_deadline_once_nothing_is_held(
+    manager: LockManager, refresher: Refresher
+) -> None:
+    lock = manager.acquire("idle-then-busy", ttl=0.3)
+    lock.release()
+    deadline = time.monotonic() + 3.0
+    while refresher._due != float("inf") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert refresher._due == float("inf")
+    ticks = refresher.ticks
+    again = manager.acquire("idle-then-busy", ttl=0.3)
+    assert refresher._due < float("inf")
+    time.sleep(1.0)  # more than three leases: kept alive by ticks of the woken thread
+    assert again.valid
+    assert refresher.ticks - ticks >= 3
+    assert again.release()
