@@ -130,12 +130,13 @@ class Waiters:
                     if not events:
                         del self._events[key]
 
-    def notify(self, key: str) -> None:
-        """Wake every waiter of ``key`` (they re-check by trying to acquire)."""
+    def notify(self, key: str) -> int:
+        """Wake every waiter of ``key`` (they re-check by trying to acquire); how many."""
         with self._mutex:
             events = tuple(self._events.get(key, ()))
         for event in events:
             event.set()
+        return len(events)
 
     def notify_all(self) -> None:
         """Wake every waiter of every key (their wake-up source changed)."""

@@ -121,7 +121,10 @@ class Watcher:
                         resume_token = stream.resume_token
                         if change is not None:
                             self.events += 1
-                            self.waiters.notify(change["documentKey"]["_id"])
+                            if self.waiters.notify(change["documentKey"]["_id"]):
+                                # Let the woken waiter take the interpreter lock now,
+                                # before this thread goes on to ask for the next event.
+                                time.sleep(0)
                             continue
                         if len(self.waiters):
                             idle_since = time.monotonic()
