@@ -6,17 +6,29 @@ guarantee; only the driver calls differ. Inspection and operator queries stay sy
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import (
+    DuplicateKeyError,
+    OperationFailure,
+    PyMongoError,
+)
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from django_mongolock import queries
-from django_mongolock.store import _CODEC, LockInfo, _released_live, _Translate
+from django_mongolock.store import (
+    _CODEC,
+    LockInfo,
+    _check_write_concern,
+    _released_live,
+    _retryable,
+    _Translate,
+)
 
 __all__ = ["AsyncLockStore"]
 
@@ -58,21 +70,35 @@ class AsyncLockStore:
         with self._translate:
             try:
                 doc = await self._upsert(key, op)
-            except DuplicateKeyError:
-                doc = await self._upsert(key, op)
+            except OperationFailure as exc:  # write concern and write errors among them
+                if isinstance(exc, DuplicateKeyError):
+                    # Two upserts raced to create the document; the loser tries again.
+                    doc = await self._upsert(key, op)
+                else:
+                    # The server answered, but maybe after applying the write: give back
+                    # whatever this owner got rather than leave it held by nobody.
+                    undo = queries.give_up(key, owner, shared=shared)
+                    with contextlib.suppress(PyMongoError):
+                        await self.collection.update_one(undo.filter, undo.pipeline)
+                    raise
         return LockInfo.from_document(doc)
 
     async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
-        doc = await self.collection.find_one_and_update(
-            {"_id": key},
-            op.pipeline,
-            projection=op.projection,
-            upsert=True,
-            return_document=ReturnDocument.AFTER,
-            let=op.let,
-        )
-        assert doc is not None  # an upsert with AFTER always returns the document
-        return doc  # type: ignore[no-any-return]
+        command = op.command(self.collection.name, key)
+        database = self.collection.database
+        for attempt in (1, 2):
+            try:
+                reply = await database.command(command, codec_options=_CODEC)
+                _check_write_concern(reply)
+            except PyMongoError as exc:
+                # Like the driver's one retry of a write, on the errors it retries.
+                if attempt == 2 or not _retryable(exc):
+                    raise
+                continue
+            doc = reply["value"]
+            assert doc is not None  # an upsert returning the new document always has one
+            return doc  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
 
     async def _update(self, op: queries.Update) -> Any:
         return await self.collection.find_one_and_update(

@@ -28,6 +28,7 @@ __all__ = [
     "Release",
     "Update",
     "acquire",
+    "give_up",
     "leave_queue",
     "refresh",
     "refresh_shared",
@@ -97,6 +98,25 @@ class Acquire:
     pipeline: list[Mapping[str, Any]]  # the driver takes a list, never a tuple
     projection: Mapping[str, Any]
     let: dict[str, Any]
+
+    def command(self, collection: str, key: str) -> dict[str, Any]:
+        """The ``findAndModify`` command document, with majority write concern.
+
+        It is sent as a plain command, not as a retryable write: the server then keeps
+        no copy of the document for a retry (a second write per acquisition). The
+        caller may send it again after a lost reply instead: for the same owner the
+        update is idempotent (see ``acquire``).
+        """
+        return {
+            "findAndModify": collection,
+            "query": {"_id": key},
+            "update": self.pipeline,
+            "fields": self.projection,
+            "upsert": True,
+            "new": True,
+            "let": self.let,
+            "writeConcern": {"w": "majority"},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,8 +275,20 @@ def _acquire_command(
         place = {"$map": {"input": LIVE_WAITERS, "as": "w", "in": "$$w.owner"}}
         projection["position"] = {"$indexOfArray": [place, _ME]}
     # One stage: a busy key without a queue comes back unchanged, which the server
-    # does not write at all.
-    decide = {"$cond": [{"$and": [free, my_turn]}, taken, _queue_busy() if queue else "$$ROOT"]}
+    # does not write at all. The same request sent again (after a lost reply) finds its
+    # own lease and changes nothing, so the caller reads the lock it already took.
+    if shared:
+        held_already: Any = {"$in": [_ME, {"$ifNull": ["$holders.owner", []]}]}
+    else:
+        held_already = {"$and": [{"$eq": ["$owner", _ME]}, LIVE]}
+    busy = _queue_busy() if queue else "$$ROOT"
+    decide = {
+        "$cond": [
+            held_already,
+            "$$ROOT",
+            {"$cond": [{"$and": [free, my_turn]}, taken, busy]},
+        ]
+    }
     stage = {"$replaceWith": {"$let": {"vars": variables, "in": decide}}}
     return (RawBSONDocument(bson.encode(stage)),), RawBSONDocument(bson.encode(projection))
 
@@ -429,6 +461,19 @@ def release(key: str, owner: str, token: int) -> Release:
     already, and the unmodified document tells the caller that it was no longer held.
     """
     return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
+
+
+def give_up(key: str, owner: str, *, shared: bool) -> Release:
+    """``update_one`` arguments that undo an acquisition whose outcome is unknown.
+
+    For an acquire that failed after the server may have applied it (its write concern
+    failed): whatever lease ``owner`` got is given back, so it does not block the key
+    until it ends. Matches nothing when the acquisition did not happen.
+    """
+    if shared:
+        op = release_shared(key, owner, 0)
+        return Release({"_id": key, "holders.owner": owner}, list(op.pipeline))
+    return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
 
 
 # The one release pipeline of every exclusive lock (also applied in bulk at exit).

@@ -9,6 +9,7 @@ deleted and across a failover.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,10 +21,14 @@ from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.collection import Collection
 from pymongo.errors import (
+    AutoReconnect,
     ConnectionFailure,
     DuplicateKeyError,
+    ExecutionTimeout,
+    NetworkTimeout,
     OperationFailure,
     PyMongoError,
+    WriteConcernError,
 )
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
@@ -61,6 +66,11 @@ _SORTS: Final[Mapping[str, list[tuple[str, int]]]] = {
 _CODEC: Final[CodecOptions[Any]] = CodecOptions(tz_aware=True, tzinfo=UTC)
 # Codes the server answers when $$CLUSTER_TIME is used on a standalone mongod.
 _NO_CLUSTER_TIME: Final = frozenset({51144, 10071})
+# Server errors after which the driver retries a write (not primary, shutting down,
+# stepped down, network, time limit): the same set applies to the acquire command.
+_RETRYABLE_CODES: Final = frozenset(
+    {6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +298,27 @@ class _Translate:
         raise MongoLockError(f"MongoDB error: {_redact(str(exc))}") from exc
 
 
+def _retryable(exc: PyMongoError) -> bool:
+    """Whether a failed acquisition may be sent again: the errors the driver retries writes on.
+
+    A timeout of the operation's own budget is not retried (there is no time left).
+    """
+    if isinstance(exc, ExecutionTimeout | NetworkTimeout):
+        return False
+    if isinstance(exc, AutoReconnect):  # network errors and "not primary"
+        return True
+    return isinstance(exc, OperationFailure) and exc.code in _RETRYABLE_CODES
+
+
+def _check_write_concern(reply: Mapping[str, Any]) -> None:
+    """A plain command reports a write concern failure in an ``ok`` reply: raise it."""
+    error = reply.get("writeConcernError")
+    if error:
+        raise WriteConcernError(
+            error.get("errmsg", "write concern failed"), error.get("code"), reply
+        )
+
+
 _CREDENTIALS = re.compile(r"(mongodb(?:\+srv)?://)[^@/\s]*@")
 
 
@@ -358,22 +389,35 @@ class LockStore:
         with self._translate:
             try:
                 doc = self._upsert(key, op)
-            except DuplicateKeyError:
-                # Two upserts raced to create the document; the loser simply tries again.
-                doc = self._upsert(key, op)
+            except OperationFailure as exc:  # write concern and write errors among them
+                if isinstance(exc, DuplicateKeyError):
+                    # Two upserts raced to create the document; the loser tries again.
+                    doc = self._upsert(key, op)
+                else:
+                    # The server answered, but maybe after applying the write: give back
+                    # whatever this owner got rather than leave it held by nobody.
+                    undo = queries.give_up(key, owner, shared=shared)
+                    with contextlib.suppress(PyMongoError):
+                        self.collection.update_one(undo.filter, undo.pipeline)
+                    raise
         return LockInfo.from_document(doc)
 
     def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
-        doc = self.collection.find_one_and_update(
-            {"_id": key},
-            op.pipeline,
-            projection=op.projection,
-            upsert=True,
-            return_document=ReturnDocument.AFTER,
-            let=op.let,
-        )
-        assert doc is not None  # an upsert with AFTER always returns the document
-        return doc  # type: ignore[no-any-return]
+        command = op.command(self.collection.name, key)
+        database = self.collection.database
+        for attempt in (1, 2):
+            try:
+                reply = database.command(command, codec_options=_CODEC)
+                _check_write_concern(reply)
+            except PyMongoError as exc:
+                # Like the driver's one retry of a write, on the errors it retries.
+                if attempt == 2 or not _retryable(exc):
+                    raise
+                continue
+            doc = reply["value"]
+            assert doc is not None  # an upsert returning the new document always has one
+            return doc  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
 
     def leave_queue(self, key: str, owner: str) -> None:
         """Give up a waiter's place in line (it stopped waiting)."""

@@ -305,3 +305,33 @@ def test_releasing_an_ended_lease_says_so_and_leaves_the_document_alone(
     assert freed is not None
     assert freed["owner"] is None
     assert "released_at" in freed
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_the_same_acquisition_sent_twice_takes_one_lease(
+    manager: LockManager, shared: bool
+) -> None:
+    """A store may send an acquisition again after a lost reply: it must find its own lease."""
+    store = manager.store
+    owner = manager.new_owner()
+    first = store.acquire("twice", owner, 30.0, queue=True, shared=shared)
+    again = store.acquire("twice", owner, 30.0, queue=True, shared=shared)
+    doc = store.collection.find_one({"_id": "twice"})
+    assert doc is not None
+    assert doc.get("waiters") == []
+    if shared:
+        assert [holder["owner"] for holder in doc["holders"]] == [owner]
+        mine, mine_again = first.as_holder(owner), again.as_holder(owner)
+        assert mine is not None
+        assert mine_again is not None
+        assert (mine_again.owner, mine_again.token) == (mine.owner, mine.token)
+    else:
+        assert (again.owner, again.token) == (first.owner, first.token) == (owner, doc["token"])
+    # A waiter sending its attempt twice keeps one place in line.
+    waiter = manager.new_owner()
+    for _ in range(2):
+        busy = store.acquire("twice", waiter, 30.0, queue=True)
+        assert busy.owner != waiter
+    doc = store.collection.find_one({"_id": "twice"})
+    assert doc is not None
+    assert [place["owner"] for place in doc["waiters"]] == [waiter]

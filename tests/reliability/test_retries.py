@@ -3,9 +3,10 @@
 In a failover a write can be applied and its reply lost (or carry a retryable write concern
 error). pymongo then retries it, and the server answers the retry from its record of the
 first attempt: the stored document, without the fields a projection computes (``$$NOW``).
-The failover test meets this at random; here the server's ``failCommand`` fail point makes
-it happen every time: the write is applied, its reply carries a retryable write concern
-error, and the driver retries.
+An acquisition is sent as a plain command and retried by the store itself: the same
+request finds the lease it already took. The failover test meets all this at random; here
+the server's ``failCommand`` fail point makes it happen every time: the write is applied,
+and its reply carries a write concern error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager
+from django_mongolock import LockManager, LockNotAcquired, MongoLockError
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import stop_and_check
 
@@ -40,14 +41,14 @@ def lose_next_reply(testable: MongoReplicaSet) -> Iterator[Any]:
     retryable write concern error, so that the driver retries it."""
     admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
 
-    def arm() -> None:
+    def arm(code: int = 6, times: int = 1) -> None:
         admin.admin.command(
             "configureFailPoint",
             "failCommand",
-            mode={"times": 1},
+            mode={"times": times},
             data={
-                "failCommands": ["findAndModify"],
-                "writeConcernError": {"code": 6, "errmsg": "reply lost (fail point)"},
+                "failCommands": ["findAndModify", "update"],
+                "writeConcernError": {"code": code, "errmsg": "reply lost (fail point)"},
                 "errorLabels": ["RetryableWriteError"],
             },
         )
@@ -73,6 +74,71 @@ def test_a_retried_acquire_returns_the_lock_it_took(
     assert status is not None
     assert (status.owner, status.token) == (lock.owner, lock.token)
     assert lock.release()
+
+
+def test_a_retried_shared_acquire_holds_one_lease(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    lose_next_reply()
+    lock = retrying.acquire("job", ttl=30, shared=True)
+    doc = retrying.store.collection.find_one({"_id": "job"})
+    assert doc is not None
+    assert [entry["owner"] for entry in doc["holders"]] == [lock.owner]
+    assert lock.release()
+
+
+def test_a_retried_acquire_in_line_keeps_one_place(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    holder = retrying.acquire("job", ttl=30)
+    lose_next_reply()
+    with pytest.raises(LockNotAcquired):
+        retrying.acquire("job", timeout=0.3)
+    assert holder.release()
+    lose_next_reply()
+    waiter = retrying.acquire("job", timeout=5)
+    doc = retrying.store.collection.find_one({"_id": "job"})
+    assert doc is not None
+    assert doc["owner"] == waiter.owner
+    assert doc["waiters"] == []
+    assert waiter.release()
+
+
+def test_an_acquire_whose_write_concern_fails_twice_is_an_error(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    lose_next_reply(times=2)
+    with pytest.raises(MongoLockError, match="reply lost"):
+        retrying.acquire("job", ttl=30)
+    assert retrying.status("job") is None  # whatever the two attempts took, given back
+
+
+def test_an_acquire_whose_write_concern_cannot_be_met_is_not_retried(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    lose_next_reply(code=100)  # UnsatisfiableWriteConcern: sending it again cannot help
+    with pytest.raises(MongoLockError, match="reply lost"):
+        retrying.acquire("job", ttl=30)
+    # The write was applied before its write concern failed: the lease it took was
+    # given back at once, so the key is free now rather than when that lease ends.
+    assert retrying.status("job") is None
+    lock = retrying.acquire("job", ttl=30, blocking=False)
+    assert lock.release()
+
+
+def test_a_shared_acquire_whose_write_concern_fails_gives_its_lease_back(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    reader = retrying.acquire("job", ttl=30, shared=True)
+    lose_next_reply(times=2)
+    with pytest.raises(MongoLockError, match="reply lost"):
+        retrying.acquire("job", ttl=30, shared=True)
+    status = retrying.status("job")
+    assert status is not None
+    assert [holder.owner for holder in status.holders] == [reader.owner]
+    assert reader.release()
+    writer = retrying.acquire("job", ttl=30, blocking=False)
+    assert writer.release()
 
 
 def test_a_retried_refresh_extends_the_lease(retrying: LockManager, lose_next_reply: Any) -> None:
