@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+import pymongo
 from pymongo import AsyncMongoClient, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import (
@@ -86,18 +87,20 @@ class AsyncLockStore:
     async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         command = op.command(self.collection.name, key)
         database = self.collection.database
-        for attempt in (1, 2):
-            try:
-                reply = await database.command(command, codec_options=_CODEC)
-                _check_write_concern(reply)
-            except PyMongoError as exc:
-                # Like the driver's one retry of a write, on the errors it retries.
-                if attempt == 2 or not _retryable(exc):
-                    raise
-                continue
-            doc = reply["value"]
-            assert doc is not None  # an upsert returning the new document always has one
-            return doc  # type: ignore[no-any-return]
+        # Like the driver's one retry of a write, on the errors it retries, within one
+        # time budget for both attempts.
+        with pymongo.timeout(self.timeout):
+            for attempt in (1, 2):
+                try:
+                    reply = await database.command(command, codec_options=_CODEC)
+                    _check_write_concern(reply)
+                except PyMongoError as exc:
+                    if attempt == 2 or not _retryable(exc):
+                        raise
+                    continue
+                doc = reply["value"]
+                assert doc is not None  # an upsert returning the new document has one
+                return doc  # type: ignore[no-any-return]
         raise AssertionError("unreachable")
 
     async def _update(self, op: queries.Update) -> Any:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol
 
+import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.collection import Collection
@@ -24,8 +25,6 @@ from pymongo.errors import (
     AutoReconnect,
     ConnectionFailure,
     DuplicateKeyError,
-    ExecutionTimeout,
-    NetworkTimeout,
     OperationFailure,
     PyMongoError,
     WriteConcernError,
@@ -303,7 +302,7 @@ def _retryable(exc: PyMongoError) -> bool:
 
     A timeout of the operation's own budget is not retried (there is no time left).
     """
-    if isinstance(exc, ExecutionTimeout | NetworkTimeout):
+    if exc.timeout:  # server selection, network or execution time ran out
         return False
     if isinstance(exc, AutoReconnect):  # network errors and "not primary"
         return True
@@ -405,18 +404,20 @@ class LockStore:
     def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         command = op.command(self.collection.name, key)
         database = self.collection.database
-        for attempt in (1, 2):
-            try:
-                reply = database.command(command, codec_options=_CODEC)
-                _check_write_concern(reply)
-            except PyMongoError as exc:
-                # Like the driver's one retry of a write, on the errors it retries.
-                if attempt == 2 or not _retryable(exc):
-                    raise
-                continue
-            doc = reply["value"]
-            assert doc is not None  # an upsert returning the new document always has one
-            return doc  # type: ignore[no-any-return]
+        # Like the driver's one retry of a write, on the errors it retries, within one
+        # time budget for both attempts.
+        with pymongo.timeout(self.timeout):
+            for attempt in (1, 2):
+                try:
+                    reply = database.command(command, codec_options=_CODEC)
+                    _check_write_concern(reply)
+                except PyMongoError as exc:
+                    if attempt == 2 or not _retryable(exc):
+                        raise
+                    continue
+                doc = reply["value"]
+                assert doc is not None  # an upsert returning the new document has one
+                return doc  # type: ignore[no-any-return]
         raise AssertionError("unreachable")
 
     def leave_queue(self, key: str, owner: str) -> None:
