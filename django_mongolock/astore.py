@@ -131,10 +131,23 @@ class AsyncLockStore:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return _released_live(doc)
-        op = queries.release(key, owner, token)
-        with self._translate:
-            result = await self.collection.update_one(op.filter, op.pipeline)
-        return result.modified_count == 1
+        command = queries.release(key, owner, token).command(self.collection.name)
+        database = self.collection.database
+        with self._translate, pymongo.timeout(self.timeout):
+            for attempt in (1, 2):
+                try:
+                    reply = await database.command(command, codec_options=_CODEC)
+                    _check_write_concern(reply)
+                except PyMongoError as exc:
+                    if attempt == 2 or not _retryable(exc):
+                        raise
+                    continue
+                if reply["nModified"] or attempt == 1:
+                    return bool(reply["nModified"])
+            # Sent twice and the second changed nothing: the first freed the document if
+            # it is still free at this lock's token (nobody has taken the key since).
+            freed = {"_id": key, "owner": None, "token": token}
+            return await self.collection.find_one(freed, projection={"_id": 1}) is not None
 
     async def close(self) -> None:
         await self.client.close()

@@ -131,14 +131,27 @@ class Update:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """One ``update_one(filter, pipeline)`` that modifies the document only if the lease was live.
+    """One update by ``pipeline`` that changes the document only if the lease was live.
 
     An update, not a ``findAndModify``: the server keeps no pre-image for a retry, and
-    ``modified_count`` still tells a live lease (1) from an ended one (0).
+    the modified count still tells a live lease (1) from an ended one (0).
     """
 
     filter: dict[str, Any]
     pipeline: list[Mapping[str, Any]]
+
+    def command(self, collection: str) -> dict[str, Any]:
+        """The ``update`` command document, with majority write concern.
+
+        Sent as a plain command (see ``Acquire.command``); after a lost reply the store
+        sends it again and, if that changes nothing, looks whether the first one freed
+        the document.
+        """
+        return {
+            "update": collection,
+            "updates": [{"q": self.filter, "u": self.pipeline}],
+            "writeConcern": {"w": "majority"},
+        }
 
 
 def _lease_end(ttl: float) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from pymongo.errors import (
     OperationFailure,
     PyMongoError,
     WriteConcernError,
+    WriteError,
 )
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
@@ -310,7 +311,9 @@ def _retryable(exc: PyMongoError) -> bool:
 
 
 def _check_write_concern(reply: Mapping[str, Any]) -> None:
-    """A plain command reports a write concern failure in an ``ok`` reply: raise it."""
+    """A plain command reports write and write concern failures in an ``ok`` reply: raise them."""
+    for error in reply.get("writeErrors") or ():
+        raise WriteError(error.get("errmsg", "write failed"), error.get("code"), reply)
     error = reply.get("writeConcernError")
     if error:
         raise WriteConcernError(
@@ -456,10 +459,23 @@ class LockStore:
             with self._translate:
                 doc = self._update(queries.release_shared(key, owner, token))
             return _released_live(doc)
-        op = queries.release(key, owner, token)
-        with self._translate:
-            result = self.collection.update_one(op.filter, op.pipeline)
-        return result.modified_count == 1
+        command = queries.release(key, owner, token).command(self.collection.name)
+        database = self.collection.database
+        with self._translate, pymongo.timeout(self.timeout):
+            for attempt in (1, 2):
+                try:
+                    reply = database.command(command, codec_options=_CODEC)
+                    _check_write_concern(reply)
+                except PyMongoError as exc:
+                    if attempt == 2 or not _retryable(exc):
+                        raise
+                    continue
+                if reply["nModified"] or attempt == 1:
+                    return bool(reply["nModified"])
+            # Sent twice and the second changed nothing: the first freed the document if
+            # it is still free at this lock's token (nobody has taken the key since).
+            freed = {"_id": key, "owner": None, "token": token}
+            return self.collection.find_one(freed, projection={"_id": 1}) is not None
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
         """Extend every live lease in ``held`` (key, owner, token) in one write.
