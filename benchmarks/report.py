@@ -504,7 +504,7 @@ def render(meta: dict[str, Any], results: dict[str, Any], plot: str | None) -> s
         "key and owner, waiting = polling) and python-redis-lock on a local Redis, in the "
         "same run, against the same servers, in interleaved rounds.",
         "",
-        "Reproduce with `make bench` (the full run, about five minutes; it rewrites this "
+        "Reproduce with `make bench` (the full run, about seven minutes; it rewrites this "
         "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
         "`--only NAME` for one workload. The suite needs the `bench` extra "
         "(`pip install -e '.[bench]'`) and, for python-redis-lock, a `redis-server` on "
