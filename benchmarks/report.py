@@ -502,7 +502,8 @@ def render(meta: dict[str, Any], results: dict[str, Any], plot: str | None) -> s
         "make (the *floor*: a lock written with the raw driver, acquire = one "
         "`find_one_and_update` upsert deciding with `$$NOW`, release = one `delete_one` by "
         "key and owner, waiting = polling) and python-redis-lock on a local Redis, in the "
-        "same run, against the same servers, in interleaved rounds.",
+        "same run, against the same servers, in interleaved rounds. "
+        "[Where the time goes](performance.md) explains the figures.",
         "",
         "Reproduce with `make bench` (the full run, about seven minutes; it rewrites this "
         "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
