@@ -222,41 +222,63 @@ def test_locks_of_a_closed_manager_are_lost_not_resurrected(
 
 
 def test_taking_locks_does_not_wake_the_refresher_unless_it_must_tick_sooner(
-    manager: LockManager, refresher: Refresher
+    manager: LockManager,
 ) -> None:
-    first = manager.acquire("schedule-first", ttl=30)
-    due = refresher._due
-    assert due <= time.monotonic() + 10.0 + 0.5  # a third of the lease
-    # Same lease, taken later: the next tick is due no sooner, so the thread sleeps on.
-    later = manager.acquire("schedule-later", ttl=30)
-    assert refresher._due == due
-    later.release()
-    # A shorter lease must be refreshed sooner: the tick moves earlier.
-    short = manager.acquire("schedule-short", ttl=1.5)
-    assert refresher._due < due
-    assert refresher._due <= time.monotonic() + 0.5 + 0.1
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        assert short.valid
-        assert first.valid
-        time.sleep(0.1)
-    short.release()
-    first.release()
+    own = Refresher()  # not the process's: its schedule depends on this test alone
+    locks = []
+    try:
+        first = manager.acquire("schedule-first", ttl=30, refresh=False)
+        locks.append(first)
+        own.register(first)
+        due = own._due
+        assert due <= time.monotonic() + 10.0  # a third of the lease
+        # Same lease, taken later: the next tick is due no sooner, so the thread sleeps on.
+        later = manager.acquire("schedule-later", ttl=30, refresh=False)
+        locks.append(later)
+        own.register(later)
+        assert own._due == due
+        # A shorter lease must be refreshed sooner: the tick moves earlier.
+        short = manager.acquire("schedule-short", ttl=1.5, refresh=False)
+        locks.append(short)
+        short.refreshable = True
+        own.register(short)
+        assert own._due < due
+        assert own._due <= time.monotonic() + 0.5
+        ticks = own.ticks
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            assert short.valid
+            time.sleep(0.1)
+        assert own.ticks - ticks >= 3
+    finally:
+        own.stop()
+        for lock in locks:
+            lock.release()
 
 
 def test_the_refresher_sleeps_without_a_deadline_once_nothing_is_held(
-    manager: LockManager, refresher: Refresher
+    manager: LockManager,
 ) -> None:
-    lock = manager.acquire("idle-then-busy", ttl=0.3)
-    lock.release()
-    deadline = time.monotonic() + 3.0
-    while refresher._due != float("inf") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert refresher._due == float("inf")
-    ticks = refresher.ticks
-    again = manager.acquire("idle-then-busy", ttl=0.3)
-    assert refresher._due < float("inf")
-    time.sleep(1.0)  # more than three leases: kept alive by ticks of the woken thread
-    assert again.valid
-    assert refresher.ticks - ticks >= 3
-    assert again.release()
+    own = Refresher()
+
+    def kept(key: str) -> Lock:
+        lock = manager.acquire(key, ttl=0.3, refresh=False)
+        lock.refreshable = True
+        own.register(lock)
+        return lock
+
+    try:
+        kept("idle-then-busy").release()
+        deadline = time.monotonic() + 3.0
+        while own._due != float("inf") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert own._due == float("inf")
+        ticks = own.ticks
+        again = kept("idle-then-busy")
+        assert own._due < float("inf")
+        time.sleep(1.0)  # more than three leases: kept alive by ticks of the woken thread
+        assert again.valid
+        assert own.ticks - ticks >= 3
+        assert again.release()
+    finally:
+        own.stop()
