@@ -293,7 +293,10 @@ class _Translate:
             exc.code in _NO_CLUSTER_TIME or "CLUSTER_TIME" in str(exc)
         ):
             raise ReplicaSetRequired(store.servers()) from exc
-        if isinstance(exc, ConnectionFailure) or getattr(exc, "timeout", False):
+        # "Not primary", "shutting down" and the like in a reply are the server being
+        # unavailable for writes just now, as much as a network error is.
+        unavailable = isinstance(exc, OperationFailure) and exc.code in _RETRYABLE_CODES
+        if isinstance(exc, ConnectionFailure) or getattr(exc, "timeout", False) or unavailable:
             raise ServerUnavailable(store.servers(), store.timeout, _brief(str(exc))) from exc
         raise MongoLockError(f"MongoDB error: {_redact(str(exc))}") from exc
 
