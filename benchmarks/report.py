@@ -289,6 +289,11 @@ _TTL_NOTE: Final = (
 )
 
 
+def _ttl_note(rows: dict[str, Any]) -> list[str]:
+    """The paragraph under a table that has the reference floor with a TTL index."""
+    return [_TTL_NOTE, ""] if FLOOR_TTL in rows else []
+
+
 def _uncontended(data: dict[str, Any]) -> list[str]:
     floor = data["rows"][data["floor"]]
     lines = [
@@ -317,7 +322,7 @@ def _uncontended(data: dict[str, Any]) -> list[str]:
         "release p50",
         "release p99",
     ]
-    notes = [_TTL_NOTE, ""] if FLOOR_TTL in data["rows"] else []
+    notes = _ttl_note(data["rows"])
     return lines + _table(header, rows) + notes
 
 
@@ -383,7 +388,7 @@ def _many_keys(data: dict[str, Any]) -> list[str]:
         ]
         for label, row in data["rows"].items()
     ]
-    notes = [_TTL_NOTE, ""] if FLOOR_TTL in data["rows"] else []
+    notes = _ttl_note(data["rows"])
     table = _table(["lock", "acquisitions/s", "vs floor", "tries/s", "busy tries"], rows)
     return lines + table + notes
 

@@ -25,7 +25,7 @@ from django_mongolock import queries
 from django_mongolock.store import (
     _CODEC,
     LockInfo,
-    _check_write_concern,
+    _checked,
     _released_live,
     _retryable,
     _Translate,
@@ -85,23 +85,25 @@ class AsyncLockStore:
         return LockInfo.from_document(doc)
 
     async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
-        command = op.command(self.collection.name, key)
+        reply, _ = await self._send(op.command(self.collection.name, key))
+        doc = reply["value"]
+        assert doc is not None  # an upsert returning the new document has one
+        return doc  # type: ignore[no-any-return]
+
+    async def _send(self, command: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Send a lock write as a plain command: the reply, and whether it took two sends.
+
+        Like the driver's one retry of a write: sent once more after an error it retries
+        writes on, within one time budget for both sends.
+        """
         database = self.collection.database
-        # Like the driver's one retry of a write, on the errors it retries, within one
-        # time budget for both attempts.
         with pymongo.timeout(self.timeout):
-            for attempt in (1, 2):
-                try:
-                    reply = await database.command(command, codec_options=_CODEC)
-                    _check_write_concern(reply)
-                except PyMongoError as exc:
-                    if attempt == 2 or not _retryable(exc):
-                        raise
-                    continue
-                doc = reply["value"]
-                assert doc is not None  # an upsert returning the new document has one
-                return doc  # type: ignore[no-any-return]
-        raise AssertionError("unreachable")
+            try:
+                return _checked(await database.command(command, codec_options=_CODEC)), False
+            except PyMongoError as exc:
+                if not _retryable(exc):
+                    raise
+            return _checked(await database.command(command, codec_options=_CODEC)), True
 
     async def _update(self, op: queries.Update) -> Any:
         return await self.collection.find_one_and_update(
@@ -131,19 +133,11 @@ class AsyncLockStore:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return _released_live(doc)
-        command = queries.release(key, owner, token).command(self.collection.name)
-        database = self.collection.database
-        with self._translate, pymongo.timeout(self.timeout):
-            for attempt in (1, 2):
-                try:
-                    reply = await database.command(command, codec_options=_CODEC)
-                    _check_write_concern(reply)
-                except PyMongoError as exc:
-                    if attempt == 2 or not _retryable(exc):
-                        raise
-                    continue
-                if reply["nModified"] or attempt == 1:
-                    return bool(reply["nModified"])
+        with self._translate:
+            command = queries.release(key, owner, token).command(self.collection.name)
+            reply, retried = await self._send(command)
+            if reply["nModified"] or not retried:
+                return bool(reply["nModified"])
             # Sent twice and the second changed nothing: the first freed the document if
             # it is still free at this lock's token (nobody has taken the key since).
             freed = {"_id": key, "owner": None, "token": token}

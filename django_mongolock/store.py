@@ -313,8 +313,8 @@ def _retryable(exc: PyMongoError) -> bool:
     return isinstance(exc, OperationFailure) and exc.code in _RETRYABLE_CODES
 
 
-def _check_write_concern(reply: Mapping[str, Any]) -> None:
-    """A plain command reports write and write concern failures in an ``ok`` reply: raise them."""
+def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply, unless it reports a write or write concern failure (in an ``ok`` reply)."""
     for error in reply.get("writeErrors") or ():
         raise WriteError(error.get("errmsg", "write failed"), error.get("code"), reply)
     error = reply.get("writeConcernError")
@@ -322,6 +322,7 @@ def _check_write_concern(reply: Mapping[str, Any]) -> None:
         raise WriteConcernError(
             error.get("errmsg", "write concern failed"), error.get("code"), reply
         )
+    return reply
 
 
 _CREDENTIALS = re.compile(r"(mongodb(?:\+srv)?://)[^@/\s]*@")
@@ -408,23 +409,25 @@ class LockStore:
         return LockInfo.from_document(doc)
 
     def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
-        command = op.command(self.collection.name, key)
+        reply, _ = self._send(op.command(self.collection.name, key))
+        doc = reply["value"]
+        assert doc is not None  # an upsert returning the new document has one
+        return doc  # type: ignore[no-any-return]
+
+    def _send(self, command: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Send a lock write as a plain command: the reply, and whether it took two sends.
+
+        Like the driver's one retry of a write: sent once more after an error it retries
+        writes on, within one time budget for both sends.
+        """
         database = self.collection.database
-        # Like the driver's one retry of a write, on the errors it retries, within one
-        # time budget for both attempts.
         with pymongo.timeout(self.timeout):
-            for attempt in (1, 2):
-                try:
-                    reply = database.command(command, codec_options=_CODEC)
-                    _check_write_concern(reply)
-                except PyMongoError as exc:
-                    if attempt == 2 or not _retryable(exc):
-                        raise
-                    continue
-                doc = reply["value"]
-                assert doc is not None  # an upsert returning the new document has one
-                return doc  # type: ignore[no-any-return]
-        raise AssertionError("unreachable")
+            try:
+                return _checked(database.command(command, codec_options=_CODEC)), False
+            except PyMongoError as exc:
+                if not _retryable(exc):
+                    raise
+            return _checked(database.command(command, codec_options=_CODEC)), True
 
     def leave_queue(self, key: str, owner: str) -> None:
         """Give up a waiter's place in line (it stopped waiting)."""
@@ -462,19 +465,11 @@ class LockStore:
             with self._translate:
                 doc = self._update(queries.release_shared(key, owner, token))
             return _released_live(doc)
-        command = queries.release(key, owner, token).command(self.collection.name)
-        database = self.collection.database
-        with self._translate, pymongo.timeout(self.timeout):
-            for attempt in (1, 2):
-                try:
-                    reply = database.command(command, codec_options=_CODEC)
-                    _check_write_concern(reply)
-                except PyMongoError as exc:
-                    if attempt == 2 or not _retryable(exc):
-                        raise
-                    continue
-                if reply["nModified"] or attempt == 1:
-                    return bool(reply["nModified"])
+        with self._translate:
+            command = queries.release(key, owner, token).command(self.collection.name)
+            reply, retried = self._send(command)
+            if reply["nModified"] or not retried:
+                return bool(reply["nModified"])
             # Sent twice and the second changed nothing: the first freed the document if
             # it is still free at this lock's token (nobody has taken the key since).
             freed = {"_id": key, "owner": None, "token": token}

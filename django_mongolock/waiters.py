@@ -51,9 +51,6 @@ class Wake:
             if self._event is not None:
                 self._event.clear()
 
-    def is_set(self) -> bool:
-        return self._flag
-
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until set (True) or ``timeout`` seconds (False)."""
         event = self._event

@@ -65,6 +65,24 @@ def case(request: pytest.FixtureRequest, mongolock_url: str, server_user: None) 
     return with_credentials(mongolock_url, password), password
 
 
+@pytest.fixture
+def configured(
+    case: tuple[str, str],
+    settings: SettingsWrapper,
+    caplog: pytest.LogCaptureFixture,
+    mongolock_database: str,
+) -> tuple[str, str]:
+    """Settings naming the case's URL, and every log record captured: (url, password)."""
+    url, password = case
+    caplog.set_level(logging.DEBUG)
+    settings.MONGOLOCK = {
+        "URL": url,
+        "DATABASE": mongolock_database,
+        "SERVER_SELECTION_TIMEOUT": 0.25,
+    }
+    return url, password
+
+
 def secrets_in(text: str, password: str) -> list[str]:
     """The forms of the password (and of the credentials part of the URL) found in ``text``."""
     forms = {password, quote_plus(password), f"{USER}:{quote_plus(password)}@"}
@@ -122,19 +140,9 @@ def test_the_api_never_shows_the_password(
 
 
 def test_the_admin_never_shows_the_password(
-    case: tuple[str, str],
-    admin_client: Client,
-    settings: SettingsWrapper,
-    caplog: pytest.LogCaptureFixture,
-    mongolock_database: str,
+    configured: tuple[str, str], admin_client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, password = case
-    caplog.set_level(logging.DEBUG)
-    settings.MONGOLOCK = {
-        "URL": url,
-        "DATABASE": mongolock_database,
-        "SERVER_SELECTION_TIMEOUT": 0.25,
-    }
+    url, password = configured
     pages = [
         admin_client.get("/admin/django_mongolock/lock/"),
         admin_client.get("/admin/django_mongolock/lock/k/change/"),
@@ -150,18 +158,9 @@ def test_the_admin_never_shows_the_password(
 
 
 def test_commands_never_show_the_password(
-    case: tuple[str, str],
-    settings: SettingsWrapper,
-    caplog: pytest.LogCaptureFixture,
-    mongolock_database: str,
+    configured: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, password = case
-    caplog.set_level(logging.DEBUG)
-    settings.MONGOLOCK = {
-        "URL": url,
-        "DATABASE": mongolock_database,
-        "SERVER_SELECTION_TIMEOUT": 0.25,
-    }
+    _, password = configured
     said: list[str] = []
     try:
         call_command("check", databases=["default"])
