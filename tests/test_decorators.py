@@ -584,7 +584,6 @@ def test_introspection_is_kept() -> None:
     assert wrapped_coro.__name__ == "coro"
     assert inspect.signature(wrapped_coro) == inspect.signature(coro)
     assert inspect.iscoroutinefunction(wrapped_coro)
-    assert asyncio.iscoroutinefunction(wrapped_coro)
     assert iscoroutinefunction(wrapped_coro)
 
 
