@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,7 +13,8 @@ from django.core import checks
 from django.test import override_settings
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from django_mongolock import ConfigurationError, LockManager, conf, locks
+import django_mongolock
+from django_mongolock import ConfigurationError, LockManager, Semaphore, conf, locked, locks
 from django_mongolock.checks import check_server, check_settings
 
 
@@ -148,3 +153,118 @@ def test_server_check_reports_a_standalone_server(
     (message,) = check_server(databases=["default"])
     assert message.id == "mongolock.E011"
     assert "replica set" in message.msg
+
+
+# -- the package's version -------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_version_is_the_installed_metadata() -> None:
+    assert django_mongolock.__version__ == metadata.version("django-mongolock")
+
+
+def test_version_follows_the_metadata_not_the_source(tmp_path: Path) -> None:
+    """Metadata found first on the path (as a newer install would be) sets the version."""
+    info = tmp_path / "django_mongolock-9.8.7.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: django-mongolock\nVersion: 9.8.7\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import django_mongolock; print(django_mongolock.__version__)"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "9.8.7"), done.stderr
+
+
+def test_version_of_a_package_that_is_not_installed() -> None:
+    assert django_mongolock._installed_version("django-mongolock-not-installed") == "0+unknown"
+
+
+# -- the default manager, wherever a manager goes -------------------------------------------------
+
+
+def test_default_manager_is_a_lock_manager() -> None:
+    assert isinstance(locks, LockManager)
+
+
+def test_importing_the_package_touches_no_settings_and_no_server() -> None:
+    """``import django_mongolock`` and ``isinstance(locks, ...)`` work with no settings at all."""
+    code = (
+        "import django_mongolock as m\n"
+        "assert isinstance(m.locks, m.LockManager)\n"
+        "from django.conf import settings\n"
+        "assert not settings.configured\n"
+        "import sys\n"
+        "assert 'django_mongolock.conf' not in sys.modules, 'conf imported'\n"
+        "print(repr(m.locks))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "default LockManager" in done.stdout
+
+
+def test_locked_accepts_the_default_manager(mongolock_settings: dict[str, Any]) -> None:
+    @locked("with-default", manager=locks)
+    def job() -> Any:
+        return locks.status("with-default")
+
+    info = job()
+    assert info is not None
+    assert info.owner
+    assert locks.status("with-default") is None
+
+
+def test_default_manager_given_at_import_follows_overridden_settings(
+    mongolock_settings: dict[str, Any], mongolock_database: str
+) -> None:
+    """A decorator and a semaphore built on ``locks`` before ``MONGOLOCK`` changes use the
+    new settings after it, and closing the old manager does not break them."""
+
+    @locked("follows", manager=locks)
+    def job() -> str:
+        return conf.get_manager().database
+
+    semaphore = Semaphore(locks, "pool", 2)
+    assert job() == mongolock_database
+    other_database = mongolock_database + "_other"
+    try:
+        with override_settings(MONGOLOCK={**mongolock_settings, "DATABASE": other_database}):
+            assert job() == other_database
+            with semaphore.acquire() as slot:
+                assert conf.get_manager().store.collection.find_one({"_id": "pool"}) is not None
+                assert slot.valid
+            assert locks.database == other_database
+    finally:
+        conf.get_manager().client.drop_database(other_database)
+    assert job() == mongolock_database
+
+
+def test_closing_the_default_manager_starts_afresh(mongolock_settings: dict[str, Any]) -> None:
+    first = conf.get_manager()
+    with locks as manager:
+        assert manager is locks
+        manager.acquire("closing", ttl=5).release()
+    assert first.closed
+    assert not locks.closed
+    assert conf.get_manager() is not first
+    with locks.lock("closing", ttl=5) as lock:
+        assert lock.valid
+
+
+def test_default_manager_attributes_come_from_settings(mongolock_settings: dict[str, Any]) -> None:
+    with pytest.raises(AttributeError, match=r"settings\.MONGOLOCK"):
+        locks.ttl = 3
+    assert locks.ttl == 30.0
