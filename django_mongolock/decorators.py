@@ -2,7 +2,9 @@
 
 Every call acquires a lock of its own (the decorator keeps no per-call state), makes it
 reachable through ``current_lock()``, and releases it when the call ends, also when it
-raises. What "busy" means depends on what was called: a function raises
+raises. A generator (or async generator) function holds its lock across the iteration:
+from the first ``next()`` until it is exhausted, closed or collected. What "busy" means
+depends on what was called: a function raises
 LockNotAcquired, a view answers 423 Locked, a management command exits with
 ``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed".
 """
@@ -17,7 +19,17 @@ import math
 import re
 import string
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, cast
@@ -282,6 +294,54 @@ class _Call:
         finally:
             await _arelease(lock, self.key.name)
 
+    def run_generator(
+        self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Generator[Any, Any, Any]:
+        """Iterate ``target(*args, **kwargs)`` holding the lock from the first ``next()``
+        until the iteration ends, also by ``close()`` (and so by garbage collection)."""
+        key = self.key.format(args, kwargs)
+        try:
+            lock = self._manager().acquire(
+                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
+            )
+        except LockNotAcquired as error:
+            return (yield from self._busy_items(error, args, kwargs))
+        try:
+            return (yield from _iterate(target(*args, **kwargs), lock))
+        finally:
+            _release(lock, self.key.name)
+
+    async def acquire_for_generator(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Lock | None, AsyncIterable[Any]]:
+        """The lock for one iteration of an async generator, or what to yield instead."""
+        key = self.key.format(args, kwargs)
+        manager = self._manager()
+        try:
+            lock = await manager.aacquire(
+                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
+            )
+        except LockNotAcquired as error:
+            result = self._busy_items(error, args, kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return None, _as_async_iterable(() if result is None else result)
+        return lock, _as_async_iterable(())
+
+    def _busy_items(
+        self, error: LockNotAcquired, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """What a generator whose lock is busy yields instead: nothing for ``"skip"``, what
+        a callable ``on_busy`` returns (iterated); otherwise LockNotAcquired is raised."""
+        on_busy = self.on_busy
+        if callable(on_busy):
+            result = on_busy(error, *args, **kwargs)
+            return () if result is None else result
+        logger.debug("%s() did not run: %s", self.key.name, error)
+        if on_busy == "skip":
+            return ()
+        raise error
+
     def _busy(
         self,
         manager: LockManager,
@@ -320,6 +380,15 @@ class _Call:
 
 
 def _wrap(target: Callable[..., Any], call: _Call, *, force_async: bool = False) -> Any:
+    if inspect.isasyncgenfunction(target):
+        return _wrap_async_generator(target, call)
+    if inspect.isgeneratorfunction(target):
+
+        @functools.wraps(target)
+        def run_generator(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+            return (yield from call.run_generator(target, args, kwargs))
+
+        return run_generator
     if force_async or iscoroutinefunction(target):
 
         @functools.wraps(target)
@@ -333,6 +402,82 @@ def _wrap(target: Callable[..., Any], call: _Call, *, force_async: bool = False)
         return call.run(target, args, kwargs)
 
     return run
+
+
+def _wrap_async_generator(target: Callable[..., Any], call: _Call) -> Any:
+    @functools.wraps(target)
+    async def run_async_generator(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        lock, instead = await call.acquire_for_generator(args, kwargs)
+        if lock is None:
+            async for item in instead:
+                yield item
+            return
+        closing = False
+        try:
+            inner = target(*args, **kwargs)
+            sent: Any = None
+            error: BaseException | None = None
+            while True:
+                # The lock is the current one while the body runs, not while the caller
+                # holds an item: the body's context is the caller's between two steps.
+                try:
+                    with holding(lock):
+                        if error is None:
+                            item = await inner.asend(sent)
+                        else:
+                            item, error = await inner.athrow(error), None
+                except StopAsyncIteration:
+                    return
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    closing = True
+                    with holding(lock):
+                        await inner.aclose()
+                    raise
+                except BaseException as exc:  # thrown in by the caller: the body's to handle
+                    error = exc
+        finally:
+            if closing:
+                # Closed, maybe by the loop's shutdown, which closes the async client in
+                # the same breath: release through the sync client, off the loop.
+                await asyncio.to_thread(_release, lock, call.key.name)
+            else:
+                await _arelease(lock, call.key.name)
+
+    return run_async_generator
+
+
+def _iterate(inner: Generator[Any, Any, Any], lock: Lock) -> Generator[Any, Any, Any]:
+    """``yield from inner``, with ``lock`` the current lock only while the body runs."""
+    sent: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            with holding(lock):
+                if error is None:
+                    item = inner.send(sent)
+                else:
+                    item, error = inner.throw(error), None
+        except StopIteration as stop:
+            return stop.value
+        try:
+            sent = yield item
+        except GeneratorExit:
+            with holding(lock):
+                inner.close()
+            raise
+        except BaseException as exc:  # thrown in by the caller: the body's to handle
+            error = exc
+
+
+async def _as_async_iterable(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
 
 
 def _decorate_class(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import inspect
 import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from io import StringIO
 from types import SimpleNamespace
 from typing import Any
@@ -920,3 +921,200 @@ def test_wrapped_partial_binds_without_self() -> None:
     thing = Thing()
     bound = functools.wraps(Thing.run)(functools.partial(thing.run))
     assert locked("thing-{pk}")(bound)(5) == "thing-5"
+
+
+# -- generators and async generators ---------------------------------------------------------
+
+
+def test_generator_holds_the_lock_across_the_iteration(other: LockManager) -> None:
+    seen: list[Lock | None] = []
+
+    @locked("stream-{n}")
+    def stream(n: int) -> Iterator[int]:
+        for i in range(n):
+            lock = current_lock()
+            seen.append(lock)
+            yield i
+
+    items = stream(3)
+    assert inspect.isgeneratorfunction(stream)
+    assert _document("stream-3") is None  # nothing is taken before the first next()
+    assert next(items) == 0
+    held = _document("stream-3")
+    assert held is not None
+    assert current_lock() is None  # the caller, between two steps, holds nothing
+    with pytest.raises(LockNotAcquired):
+        other.acquire("stream-3", blocking=False)
+    assert list(items) == [1, 2]
+    assert _document("stream-3") is None
+    assert len({id(lock) for lock in seen}) == 1
+    assert seen[0] is not None
+    assert seen[0].token == held.token
+
+
+def test_generator_passes_send_throw_and_its_return_value() -> None:
+    @locked("echo")
+    def echo() -> Generator[str, str, str]:
+        received = ""
+        while received != "stop":
+            try:
+                received = yield f"got {received}"
+            except KeyError:
+                received = yield "caught"
+        return "done"
+
+    gen = echo()
+    assert next(gen) == "got "
+    assert gen.send("a") == "got a"
+    assert gen.throw(KeyError("x")) == "caught"
+    assert _document("echo") is not None
+    with pytest.raises(StopIteration) as stop:
+        gen.send("stop")
+    assert stop.value.value == "done"
+    assert _document("echo") is None
+
+
+def test_generator_releases_on_close_exception_and_garbage_collection() -> None:
+    cleaned: list[str] = []
+
+    @locked("gen-{name}")
+    def numbers(name: str, fail: bool = False) -> Generator[int]:
+        try:
+            yield 1
+            if fail:
+                raise RuntimeError("boom")
+            yield 2
+        finally:
+            cleaned.append(name)
+            assert current_lock() is not None  # the body's cleanup still runs under it
+
+    closed = numbers("closed")
+    assert next(closed) == 1
+    closed.close()
+    assert _document("gen-closed") is None
+
+    failing = numbers("failing", fail=True)
+    assert next(failing) == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        next(failing)
+    assert _document("gen-failing") is None
+
+    dropped = numbers("dropped")
+    assert next(dropped) == 1
+    assert _document("gen-dropped") is not None
+    del dropped
+    gc.collect()
+    assert _document("gen-dropped") is None
+    assert cleaned == ["closed", "failing", "dropped"]
+
+
+def test_generator_busy(hold: Any) -> None:
+    holder = hold("busy-stream")
+
+    @locked("busy-stream")
+    def default() -> Iterator[int]:
+        raise AssertionError("must not run")
+        yield 0
+
+    @locked("busy-stream", on_busy="skip")
+    def skip() -> Iterator[int]:
+        raise AssertionError("must not run")
+        yield 0
+
+    @locked("busy-stream", on_busy=lambda error: ["cached", error.holder])
+    def fallback() -> Iterator[str]:
+        raise AssertionError("must not run")
+        yield ""
+
+    with pytest.raises(LockNotAcquired):
+        next(default())
+    assert list(skip()) == []
+    assert list(fallback()) == ["cached", holder.owner]
+
+
+def test_async_generator_holds_the_lock_across_the_iteration(other: LockManager) -> None:
+    @locked("astream")
+    async def astream() -> AsyncIterator[int]:
+        for i in range(3):
+            await asyncio.sleep(0)
+            assert current_lock() is not None
+            yield i
+
+    async def main() -> list[int]:
+        items = astream()
+        first = await anext(items)
+        assert current_lock() is None
+        assert await asyncio.to_thread(_document, "astream") is not None
+        with pytest.raises(LockNotAcquired):
+            await asyncio.to_thread(other.acquire, "astream", blocking=False)
+        return [first] + [item async for item in items]
+
+    assert inspect.isasyncgenfunction(astream)
+    assert asyncio.run(main()) == [0, 1, 2]
+    assert _document("astream") is None
+
+
+def test_async_generator_releases_on_aclose_exception_and_loop_shutdown() -> None:
+    cleaned: list[str] = []
+
+    @locked("agen-{name}")
+    async def numbers(name: str, fail: bool = False) -> AsyncGenerator[int]:
+        try:
+            yield 1
+            if fail:
+                raise RuntimeError("boom")
+            yield 2
+        finally:
+            cleaned.append(name)
+
+    async def main() -> AsyncGenerator[int]:
+        closed = numbers("closed")
+        assert await anext(closed) == 1
+        await closed.aclose()
+        assert await asyncio.to_thread(_document, "agen-closed") is None
+
+        failing = numbers("failing", fail=True)
+        assert await anext(failing) == 1
+        with pytest.raises(RuntimeError, match="boom"):
+            await anext(failing)
+        assert await asyncio.to_thread(_document, "agen-failing") is None
+
+        abandoned = numbers("abandoned")
+        assert await anext(abandoned) == 1
+        assert await asyncio.to_thread(_document, "agen-abandoned") is not None
+        return abandoned  # still suspended when the loop shuts down
+
+    left = asyncio.run(main())
+    assert _document("agen-abandoned") is None  # asyncio.run closed it, which released
+    assert cleaned == ["closed", "failing", "abandoned"]
+    del left
+
+
+def test_async_generator_busy(hold: Any) -> None:
+    holder = hold("busy-astream")
+
+    @locked("busy-astream")
+    async def default() -> AsyncIterator[int]:
+        raise AssertionError("must not run")
+        yield 0
+
+    @locked("busy-astream", on_busy="skip")
+    async def skip() -> AsyncIterator[int]:
+        raise AssertionError("must not run")
+        yield 0
+
+    async def later(error: LockNotAcquired) -> list[str]:
+        await asyncio.sleep(0)
+        return ["cached", error.holder or ""]
+
+    @locked("busy-astream", on_busy=later)
+    async def fallback() -> AsyncIterator[str]:
+        raise AssertionError("must not run")
+        yield ""
+
+    async def main() -> tuple[list[int], list[str]]:
+        with pytest.raises(LockNotAcquired):
+            await anext(default())
+        return [i async for i in skip()], [s async for s in fallback()]
+
+    assert asyncio.run(main()) == ([], ["cached", holder.owner])
