@@ -39,6 +39,7 @@ from asgiref.sync import iscoroutinefunction
 from django_mongolock.context import holding
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.manager import LockManager
+from django_mongolock.terminal import printable
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
 
 if TYPE_CHECKING:
@@ -612,7 +613,7 @@ def _holder(manager: LockManager, error: LockNotAcquired) -> _Holder:
 def _describe(key: str, holder: _Holder) -> str:
     text = f"lock {key!r} is held"
     if holder.owner:
-        text += f" by {holder.owner}"
+        text += f" by {printable(holder.owner)}"
     if holder.expires_at is not None:
         text += f" until {holder.expires_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
     return text + f" (in {math.ceil(holder.remaining)}s)"

@@ -392,3 +392,84 @@ def test_invalid_settings_exit_2(settings: Settings) -> None:
 )
 def test_relative_times(seconds: float, text: str) -> None:
     assert _relative(seconds) == text
+
+
+# -- hostile keys and owners -------------------------------------------------------------------
+
+# What a terminal would act on: C0 controls (newline, carriage return, ESC), DEL, C1
+# controls (0x9b is a one-byte CSI), and the bidi overrides and isolates.
+TERMINAL_CONTROLS = frozenset(
+    map(chr, [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+)
+HOSTILE_KEYS = {
+    "\x1b[2J": r"\x1b[2J",
+    "a\nfake-row  live  root:1:ffff  1  now  in 9s": r"a\nfake-row",
+    "over\rwrite": r"over\rwrite",
+    "\u202eevil-key": r"\u202eevil-key",
+    "csi\x9b31m\x7f": r"csi\x9b31m\x7f",
+}
+HOSTILE_OWNER = "owner\x1b]0;pwned\x07\n\u2066x"
+
+
+def _raw_controls(text: str) -> set[str]:
+    """The terminal controls in ``text``, newlines between lines of output left aside."""
+    return {char for line in text.split("\n") for char in line} & TERMINAL_CONTROLS
+
+
+@pytest.fixture
+def hostile(mongolock_url: str, manager: LockManager) -> Any:
+    """Locks with hostile keys held by a holder with a hostile owner name, for the test."""
+    evil = LockManager(
+        mongolock_url, database=manager.database, collection=manager.collection, owner=HOSTILE_OWNER
+    )
+    held = [evil.acquire(key, ttl=30) for key in HOSTILE_KEYS]
+    shared = evil.acquire("shared\nkey", ttl=30, shared=True, limit=3)
+    yield [*held, shared]
+    evil.close()
+
+
+def test_list_escapes_what_a_terminal_would_act_on(hostile: list[Any]) -> None:
+    out, err, code = run_command("mongolock", "list")
+    assert (code, err) == (0, "")
+    assert _raw_controls(out) == set()
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(hostile) + 1  # header, one row per lock, the count
+    assert lines[-1] == f"{len(hostile)} live locks"
+    for shown in HOSTILE_KEYS.values():
+        assert sum(line.startswith(shown) for line in lines) == 1
+    assert r"owner\x1b]0;pwned\x07\n\u2066x:" in out
+    assert r"shared\nkey" in out
+
+
+def test_status_and_release_escape_keys_and_owners(hostile: list[Any]) -> None:
+    for lock in hostile:
+        out, err, code = run_command("mongolock", "status", lock.key)
+        assert (code, err) == (0, "")
+        assert _raw_controls(out) == set()
+        assert r"owner\x1b]0;pwned\x07\n\u2066x:" in out
+    lock = hostile[0]
+    out, err, code = run_command("mongolock", "release", lock.key, "--token", str(lock.token + 1))
+    assert code == 1
+    assert _raw_controls(err) == set()
+    assert r"held by owner\x1b]0;pwned\x07\n\u2066x:" in err
+    out, err, code = run_command("mongolock", "release", lock.key)
+    assert (code, err) == (0, "")
+    assert _raw_controls(out) == set()
+    assert out.startswith(r"Released '\x1b[2J': held by owner\x1b]0;pwned\x07\n\u2066x:")
+
+
+def test_json_keeps_keys_and_owners_exact_in_ascii(hostile: list[Any]) -> None:
+    out, err, code = run_command("mongolock", "list", "--json")
+    assert (code, err) == (0, "")
+    assert out.isascii()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == len(hostile)
+    assert {row["key"] for row in rows} == {lock.key for lock in hostile}
+    assert {row["owner"] for row in rows if row["mode"] == "exclusive"} == {
+        lock.owner for lock in hostile if not lock.shared
+    }
+    shared = next(lock for lock in hostile if lock.shared)
+    out, _, code = run_command("mongolock", "status", shared.key, "--json")
+    assert code == 0
+    assert out.isascii()
+    assert json.loads(out)["holders"][0]["owner"] == shared.owner

@@ -1118,3 +1118,33 @@ def test_async_generator_busy(hold: Any) -> None:
         return [i async for i in skip()], [s async for s in fallback()]
 
     assert asyncio.run(main()) == ([], ["cached", holder.owner])
+
+
+# -- what a busy command prints ----------------------------------------------------------------
+
+TERMINAL_CONTROLS = frozenset(
+    map(chr, [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+)
+
+
+def test_busy_command_escapes_the_key_and_the_holder(mongolock_url: str) -> None:
+    """A holder named to inject escape sequences, on a key built from a hostile option."""
+    owner = "evil\x1b[2J\r\n\u202e\x9b"
+    source = "\x1b]0;title\x07\n\u2067"
+    with LockManager(mongolock_url, database=conf.get_manager().database, owner=owner) as evil:
+        evil.acquire(f"sync-{source}", ttl=30)
+        out, err, code = _run(HandleCommand(), "--source", source)
+    assert code == BUSY_EXIT_CODE
+    assert out == ""
+    assert not set(err) & TERMINAL_CONTROLS
+    assert r"lock 'sync-\x1b]0;title\x07\n\u2067' is held by evil\x1b[2J\r\n\u202e\x9b:" in err
+
+
+def test_skipped_command_notice_escapes_the_holder(mongolock_url: str) -> None:
+    owner = "evil\x1b[2J\n\u202e"
+    with LockManager(mongolock_url, database=conf.get_manager().database, owner=owner) as evil:
+        evil.acquire("nightly", ttl=30)
+        out, err, code = _run(SkippingCommand())
+    assert (code, err) == (0, "")
+    assert not set(out.rstrip("\n")) & TERMINAL_CONTROLS
+    assert r"skipped; lock 'nightly' is held by evil\x1b[2J\n\u202e:" in out

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.terminal import printable
 
 
 class Command(BaseCommand):
@@ -29,7 +30,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, check: bool, verbosity: int, **options: Any) -> None:
         manager = conf.get_manager()
-        target = f"{manager.database}.{manager.collection}"
+        target = printable(f"{manager.database}.{manager.collection}")
         try:
             kind = manager.server_kind()
             plan = manager.check_indexes() if check else manager.ensure_indexes()

@@ -23,6 +23,7 @@ from django_mongolock.decorators import BUSY_EXIT_CODE
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.manager import LockManager
 from django_mongolock.store import LockInfo, Order, State
+from django_mongolock.terminal import printable
 from django_mongolock.validation import validate_key
 
 RELEASE: Final = "release"
@@ -203,7 +204,7 @@ class Command(BaseCommand):
             if current is not None:
                 raise CommandError(
                     f"lock {key!r} now has token {current.token}, not {token} "
-                    f"(held by {current.owner}); nothing released",
+                    f"(held by {printable(current.owner)}); nothing released",
                     returncode=EXIT_NO_LOCK,
                 )
             raise CommandError(f"no lock {key!r}", returncode=EXIT_NO_LOCK)
@@ -227,13 +228,13 @@ class Command(BaseCommand):
         if verbosity < 1:
             return
         if as_json:
-            self.stdout.write(json.dumps(info.as_dict()))
+            self.stdout.write(_json(info))
             return
         refreshed = (info.refreshed_at - info.now).total_seconds()
         rows: list[tuple[str, str]] = [
-            ("key", info.key),
+            ("key", printable(info.key)),
             ("state", self._state(info, width=0)),
-            ("owner", info.owner),
+            ("owner", printable(info.owner)),
             ("token", str(info.token)),
             ("acquired", f"{_timestamp(info.acquired_at)} ({_relative(-_age(info))})"),
             ("refreshed", f"{_timestamp(info.refreshed_at)} ({_relative(refreshed)})"),
@@ -247,7 +248,7 @@ class Command(BaseCommand):
         if not info.owner:
             rows[2] = ("holders", _who(info))
         if info.group:
-            rows.append(("group", info.group))
+            rows.append(("group", printable(info.group)))
         if info.kind == "election":
             rows.append(("role", "elected leader"))
         if info.waiting:
@@ -257,7 +258,7 @@ class Command(BaseCommand):
         for holder in info.holders:
             live = "live" if holder.expires_at > info.now else "expired"
             self.stdout.write(
-                f"  {holder.owner}  token {holder.token}  {live}, lease ends "
+                f"  {printable(holder.owner)}  token {holder.token}  {live}, lease ends "
                 f"{_relative((holder.expires_at - info.now).total_seconds())}"
             )
 
@@ -278,7 +279,7 @@ class Command(BaseCommand):
         try:
             if as_json:
                 for info in rows:
-                    self.stdout.write(json.dumps(info.as_dict()))
+                    self.stdout.write(_json(info))
             else:
                 self._table(rows, state)
         except BrokenPipeError:
@@ -290,7 +291,7 @@ class Command(BaseCommand):
         if not sample:
             self.stdout.write(f"No {'' if state == 'all' else state + ' '}locks.")
             return
-        key_width = min(_MAX_KEY_WIDTH, max(3, *(len(info.key) for info in sample)))
+        key_width = min(_MAX_KEY_WIDTH, max(3, *(len(printable(info.key)) for info in sample)))
         owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(_who(info)) for info in sample)))
         token_width = max(5, *(len(str(info.token)) for info in sample))
         header = (
@@ -301,7 +302,8 @@ class Command(BaseCommand):
         count = 0
         for info in itertools.chain(sample, rows):
             self.stdout.write(
-                f"{info.key:<{key_width}}  {self._state(info, 7)}  {_who(info):<{owner_width}}  "
+                f"{printable(info.key):<{key_width}}  {self._state(info, 7)}  "
+                f"{_who(info):<{owner_width}}  "
                 f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
                 f"{_relative(info.remaining)}"
             )
@@ -368,8 +370,18 @@ def _detach_stdout() -> None:
     os.close(devnull)
 
 
+def _json(info: LockInfo) -> str:
+    """One line of JSON, exact and pure ASCII: control characters, bidi controls and any
+    other non-ASCII character are ``\\uXXXX`` escapes, which every JSON parser decodes back to
+    the key as stored, and no terminal acts on."""
+    return json.dumps(info.as_dict(), ensure_ascii=True)
+
+
 def _who(info: LockInfo) -> str:
-    """The holder for people: the owner, or the shared holders; with the lock's role."""
+    """The holder for people: the owner, or the shared holders; with the lock's role.
+
+    Escaped for the terminal, as keys are (see ``printable``).
+    """
     label = info.owner or info.holder_label
     role = "leader" if info.kind == "election" else f"group {info.group}" if info.group else ""
-    return f"{label} ({role})" if role else label
+    return printable(f"{label} ({role})" if role else label)
