@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from django_mongolock import clock
+from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
-from django_mongolock.signals import lock_lost, lock_released
+from django_mongolock.notices import get_notices
+from django_mongolock.signals import lock_lost, lock_released, send_safely
 from django_mongolock.store import LockInfo, LockStore
 from django_mongolock.validation import validate_ttl
 
@@ -28,9 +30,11 @@ class Lock:
     """A held lock: ``key``, ``owner``, fencing ``token`` and the lease, in server time.
 
     ``valid`` turns False as soon as the lock is released or lost, and also once the
-    lease has ended by this process's monotonic clock (measured from before the request
-    that set it, so never later than the server's own expiry). ``lost`` is a
-    ``threading.Event`` set once the lock is lost; protected code can check or wait on it.
+    lease has ended by this process's clock (measured from before the request that set
+    it, less a drift margin, so always before the server's own expiry: see ``clock``).
+    ``lost`` is a ``threading.Event`` set once the lock is lost; protected code can check
+    or wait on it. The process's deadline watch sets it at that bound even while the
+    network hangs, and then sends ``lock_lost`` and calls ``on_lost`` on a worker thread.
     """
 
     __slots__ = (
@@ -75,7 +79,7 @@ class Lock:
         self._lost_event: threading.Event | None = None
         self.on_lost = on_lost
         self.refreshable = refresh
-        self._deadline = sent_at + info.remaining
+        self._deadline = sent_at + info.remaining - clock.margin(info.ttl)
         # The server's lease end as last reported, and the local deadline it matched:
         # a refresher tick moves only the deadline, and expires_at follows it.
         self._expiry = info.expires_at
@@ -83,6 +87,7 @@ class Lock:
         self._released = False
         self._pid = os.getpid()
         self._mutex = threading.Lock()
+        get_deadlines().watch(self)
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self._lost else "held"
@@ -97,8 +102,9 @@ class Lock:
         """
         if self._released or self._lost or self._pid != os.getpid():
             return False
-        if time.monotonic() >= self._deadline:
-            self._mark_lost("its lease ended before it was refreshed")
+        now = clock.now()
+        if now >= self._deadline:
+            self.lapse(now)
             return False
         return True
 
@@ -107,6 +113,12 @@ class Lock:
         """Set once the lock is lost: check it (``is_set()``) or wait on it (``wait(t)``)."""
         event = self._lost_event
         if event is None:
+            if self._pid != os.getpid():
+                # A forked child: the parent's lock was never this process's. No mutex here,
+                # it may have been held by a thread of the parent at the fork.
+                event = threading.Event()
+                event.set()
+                return event
             with self._mutex:
                 if self._lost_event is None:
                     self._lost_event = threading.Event()
@@ -128,21 +140,24 @@ class Lock:
     @property
     def remaining(self) -> float:
         """Seconds left of the lease by this process's clock (0 once it has ended)."""
-        return max(0.0, self._deadline - time.monotonic())
+        return max(0.0, self._deadline - clock.now())
 
     def refresh(self, ttl: float | None = None) -> Lock:
         """Extend the lease to ``ttl`` seconds from now (server time); LockLost if not held."""
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         self._check_refreshable()
-        sent_at = time.monotonic()
-        info = self._manager.store.refresh(
-            self.key, self.owner, self.token, lease, shared=self.shared
-        )
+        sent_at = clock.now()
+        store = self._manager.store
+        info = store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
             reason = "its lease ended or it was released by somebody else"
             self._mark_lost(reason)
             raise LockLost(self.key, self.owner, self.token, reason)
-        self._extend(info, sent_at)
+        if not self._extend(info, sent_at):
+            # Its deadline passed while the refresh was on its way: the loss was already
+            # announced, so the lease the server just extended is given back.
+            store.release(self.key, self.owner, self.token, shared=self.shared)
+            raise LockLost(self.key, self.owner, self.token, _LAPSED)
         return self
 
     def release(self) -> bool:
@@ -161,14 +176,16 @@ class Lock:
         """``refresh`` through the async client, without blocking the event loop."""
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         self._check_refreshable()
-        sent_at = time.monotonic()
+        sent_at = clock.now()
         store = await self._manager._astore()
         info = await store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
             reason = "its lease ended or it was released by somebody else"
             self._mark_lost(reason)
             raise LockLost(self.key, self.owner, self.token, reason)
-        self._extend(info, sent_at)
+        if not self._extend(info, sent_at):
+            await store.release(self.key, self.owner, self.token, shared=self.shared)
+            raise LockLost(self.key, self.owner, self.token, _LAPSED)
         return self
 
     async def arelease(self) -> bool:
@@ -202,8 +219,36 @@ class Lock:
 
     @property
     def deadline(self) -> float:
-        """The lease end on this process's monotonic clock (never later than the server's)."""
+        """The lease end on ``clock.now()``'s scale, margin included (before the server's)."""
         return self._deadline
+
+    @property
+    def over(self) -> bool:
+        """Released or lost: the deadline watch and the refresher can forget it."""
+        return self._released or self._lost
+
+    def lapse(self, now: float) -> None:
+        """Mark the lock lost if ``now`` is past its deadline; notices go to a worker.
+
+        Called by the deadline watch (and ``valid``): it sets the flag and the event at
+        once and never runs user code in the caller's thread.
+        """
+        with self._mutex:
+            if self._lost or self._released or now < self._deadline:
+                return
+            self._lost = True
+            event = self._lost_event
+        if event is not None:
+            event.set()
+        self._post_notices(_LAPSED)
+
+    def _renew(self, deadline: float) -> bool:
+        """Move the deadline after a successful refresh; False if it was lost meanwhile."""
+        with self._mutex:
+            if self._lost:
+                return False
+            self._deadline = deadline
+            return True
 
     def _check_refreshable(self) -> None:
         if self._released:
@@ -221,23 +266,35 @@ class Lock:
 
     def _take_release(self) -> bool:
         """Mark released once, in the holder's process only; False if that was done already."""
+        if self._pid != os.getpid():
+            return False  # before the mutex: a fork may have copied it locked
         with self._mutex:
-            if self._released or self._pid != os.getpid():
+            if self._released:
                 return False
             self._released = True
+        get_deadlines().ended()
         return True
 
-    def _extend(self, info: LockInfo, sent_at: float) -> None:
-        self.ttl = info.ttl
-        self._deadline = self._expiry_deadline = sent_at + info.remaining
-        self._expiry = info.expires_at
+    def _extend(self, info: LockInfo, sent_at: float) -> bool:
+        """Take the lease a refresh reported; False if the lock was lost meanwhile."""
+        deadline = sent_at + info.remaining - clock.margin(info.ttl)
+        with self._mutex:
+            if self._lost:
+                return False
+            self.ttl = info.ttl
+            self._deadline = self._expiry_deadline = deadline
+            self._expiry = info.expires_at
+        return True
 
-    def _mark_lost(self, reason: str) -> bool:
+    def _mark_lost(self, reason: str, *, inline: bool = True) -> bool:
         """Set ``lost``, then tell everybody (signal, ``on_lost``) once; False if lost before.
 
         The event comes first so that protected code waiting on it learns at once, not
-        after the receivers have run.
+        after the receivers have run. ``inline`` runs the notices in the caller's thread
+        (the holder's own ``refresh()`` or ``release()``); the engine's threads post them.
         """
+        if self._pid != os.getpid():
+            return False
         with self._mutex:
             if self._lost:
                 return False
@@ -245,14 +302,25 @@ class Lock:
             event = self._lost_event
         if event is not None:
             event.set()
+        if inline:
+            self._notify(reason)
+        else:
+            self._post_notices(reason)
+        return True
+
+    def _post_notices(self, reason: str) -> None:
+        get_notices().post(lambda: self._notify(reason))
+        get_deadlines().kick()
+
+    def _notify(self, reason: str) -> None:
+        """Log, send ``lock_lost`` and call ``on_lost``: a failing receiver stops neither."""
         logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
-        lock_lost.send(sender=self._manager, lock=self, reason=reason)
+        send_safely(lock_lost, self._manager, lock=self, reason=reason)
         if self.on_lost is not None:
             try:
                 self.on_lost(self)
-            except Exception:
+            except (Exception, SystemExit):
                 logger.exception("on_lost callback of lock %r failed", self.key)
-        return True
 
     # -- context manager -----------------------------------------------------------------------
 
@@ -269,3 +337,6 @@ class Lock:
             logger.warning(
                 "lock %r (token %s) was no longer held when its block ended", self.key, self.token
             )
+
+
+_LAPSED = "its lease ended before it could be refreshed"

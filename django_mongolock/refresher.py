@@ -1,11 +1,18 @@
-"""ONE background thread per process that keeps every held lease alive.
+"""Background refresh that keeps held leases alive: one lane per server connection.
 
-Each tick extends all leases this process holds with one write per collection, at
-about a third of the shortest lease held, and marks lost every lock whose lease could
-not be extended. While MongoDB cannot be reached, a lock is marked lost as soon as its
-lease has certainly ended by this process's monotonic clock. The thread starts with the
-first held lock, never dies from an exception, and is not inherited by forked children.
-At normal interpreter exit it stops and releases the locks still held.
+Each ``LockManager`` (one client, one server or replica set) gets a *lane*: a thread
+that extends all leases held through that manager with one write per tick, at about a
+third of the shortest lease, and campaigns for its elections. A slow or unreachable
+server therefore delays only its own lane: the leases of other managers keep being
+extended on time. Each write is bounded by the time left until the last of its leases
+ends (a later answer could not save any of them).
+
+A lane never decides that a lease is over by the clock: the deadline watch
+(``deadlines.py``) does that for every held lock, independently of any I/O. The lane
+marks lost only the leases the server refused to extend. Lanes start with the first held
+lock, end when their manager holds nothing, survive any exception (and a thread that
+dies anyway is replaced, with a log line), and are not inherited by forked children. At
+normal interpreter exit they stop and the locks still held are released.
 """
 
 from __future__ import annotations
@@ -15,19 +22,17 @@ import logging
 import math
 import os
 import threading
-import time
 import weakref
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pymongo
 
+from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
 
 if TYPE_CHECKING:
     from django_mongolock.lock import Lock
-    from django_mongolock.manager import LockManager
-    from django_mongolock.primitives import Election
     from django_mongolock.store import LockStore
 
 __all__ = ["Refresher", "get_refresher", "install", "shutdown"]
@@ -38,187 +43,99 @@ logger = logging.getLogger("django_mongolock.refresher")
 MIN_INTERVAL = 0.05
 # After a failed tick, try again this soon (or at the usual interval, if shorter).
 RETRY_INTERVAL = 1.0
-# How long interpreter exit may spend stopping the thread and releasing held locks.
+# How long interpreter exit may spend stopping the threads and releasing held locks.
 EXIT_TIMEOUT = 2.0
+# A lane that keeps nothing for this long ends its thread.
+IDLE_END = 5.0
+# The shortest time a refresh write is given, even when its leases are about to end.
+MIN_WRITE_TIME = 0.05
+
+
+class Campaign(Protocol):
+    """What a lane needs of an election: its lease and one attempt to lead."""
+
+    ttl: float
+
+    def campaign(self) -> None: ...
 
 
 class Refresher:
-    """Holds weak references to the locks of this process and extends their leases.
+    """This process's lanes, one per LockManager, created and ended on demand.
 
-    A lock whose handle is dropped without being released stops being refreshed and
-    lapses at the end of its lease, like a crashed holder's.
+    Holds weak references to the locks: a handle dropped without being released stops
+    being refreshed and lapses at the end of its lease, like a crashed holder's.
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
-        # Elections campaign until stopped, so they are held strongly, like a thread.
-        self._elections: set[Election] = set()
-        self._cond = threading.Condition()
-        self._due = 0.0
+        self._lanes: dict[Any, _Lane] = {}
+        self._mutex = threading.Lock()
         self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._unreachable = False
-        self.ticks = 0
+        self.restarts = 0
 
     def __len__(self) -> int:
-        with self._cond:
-            return len(self._locks)
+        return sum(len(lane) for lane in self._lanes_now())
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return any(lane.running for lane in self._lanes_now())
+
+    @property
+    def ticks(self) -> int:
+        """Ticks of all lanes so far (ended lanes included)."""
+        return self._ended_ticks + sum(lane.ticks for lane in self._lanes_now())
+
+    _ended_ticks = 0
+
+    @property
+    def due(self) -> float:
+        """When the next tick of any lane is due (infinity while nothing is kept)."""
+        return min((lane.due for lane in self._lanes_now()), default=math.inf)
+
+    def lane_of(self, manager: object) -> _Lane | None:
+        with self._mutex:
+            return self._lanes.get(manager)
 
     def register(self, lock: Lock) -> None:
-        """Keep ``lock`` alive from now on; starts the thread on first need."""
-        with self._cond:
-            if self._stopping:
-                return
-            self._locks.add(lock)
-            self._schedule(time.monotonic() + _interval(lock.ttl))
-
-    def add_election(self, election: Election) -> None:
-        """Campaign for ``election`` on every tick from now on (the first one at once)."""
-        with self._cond:
-            if self._stopping:
-                return
-            self._elections.add(election)
-            self._schedule(time.monotonic())
-
-    def remove_election(self, election: Election) -> None:
-        with self._cond:
-            self._elections.discard(election)
-
-    def _schedule(self, due: float) -> None:
-        """Tick no later than ``due``; start the thread on first need (holding ``_cond``).
-
-        ``_due`` is when the thread wakes next (infinity while it has nothing to keep).
-        Only a due date earlier than that wakes the sleeping thread: acquiring and
-        releasing in a loop costs no thread switch per lock; the next tick simply
-        refreshes whatever is held by then.
-        """
-        if self._thread is None or not self._thread.is_alive():
-            self._due = due
-            self._thread = threading.Thread(
-                target=self._run, name="mongolock-refresher", daemon=True
-            )
-            self._thread.start()
-        elif due < self._due:
-            self._due = due
-            self._cond.notify()
+        """Keep ``lock`` alive from now on; starts its manager's lane on first need."""
+        lane = self._lane(lock._manager)
+        if lane is not None:
+            lane.add(lock)
 
     def unregister(self, lock: Lock) -> None:
-        with self._cond:
-            self._locks.discard(lock)
+        lane = self.lane_of(lock._manager)
+        if lane is not None:
+            lane.discard(lock)
+
+    def add_election(self, election: Campaign) -> None:
+        """Campaign for ``election`` on every tick of its manager's lane (the first at once)."""
+        lane = self._lane(election._manager)  # type: ignore[attr-defined]
+        if lane is not None:
+            lane.add_election(election)
+
+    def remove_election(self, election: Campaign) -> None:
+        lane = self.lane_of(election._manager)  # type: ignore[attr-defined]
+        if lane is not None:
+            lane.remove_election(election)
 
     def held(self) -> list[Lock]:
-        with self._cond:
-            return [lk for lk in self._locks if not lk.released and not lk._lost]
+        return [lk for lane in self._lanes_now() for lk in lane.held()]
 
     def stop(self, timeout: float = EXIT_TIMEOUT) -> None:
-        """Stop the thread (bounded wait); locks are no longer refreshed."""
-        with self._cond:
+        """Stop every lane (bounded wait); locks are no longer refreshed."""
+        with self._mutex:
             self._stopping = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    # -- the thread ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping:
-                    if not (self._locks or self._elections):
-                        self._due = math.inf
-                    left = self._due - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(None if left == math.inf else left)
-                if self._stopping:
-                    return
-                # A lock registered while the tick runs may ask for an earlier tick.
-                self._due = math.inf
-            try:
-                self.tick()
-            except Exception:  # the thread must outlive any single failure
-                logger.exception("refresh tick failed")
-                with self._cond:
-                    self._due = min(self._due, time.monotonic() + RETRY_INTERVAL)
+            lanes = list(self._lanes.values())
+        deadline = clock.now() + timeout
+        for lane in lanes:
+            lane.stop()
+        for lane in lanes:
+            lane.join(max(0.0, deadline - clock.now()))
 
     def tick(self) -> None:
-        """Extend every held lease now: one write per collection, then mark the lost ones.
-
-        Then campaign for the elections this process is not leading. The per-lock work
-        is kept to attribute reads and one float store: at 10,000 held locks it is a
-        share of the tick that the write itself does not dwarf.
-        """
-        with self._cond:
-            locks = [
-                lk for lk in self._locks if lk.refreshable and not lk._released and not lk._lost
-            ]
-            elections = list(self._elections)
-        if not locks and not elections:
-            return
-        shortest = min(
-            min((lk.ttl for lk in locks), default=math.inf),
-            min((election.ttl for election in elections), default=math.inf),
-        )
-        next_due = time.monotonic() + _interval(shortest)
-        by_manager: dict[LockManager, list[Lock]] = defaultdict(list)
-        for lock in locks:
-            by_manager[lock._manager].append(lock)
-        lost: list[tuple[Lock, str]] = []
-        for manager, group in by_manager.items():
-            try:
-                store = manager.store
-            except MongoLockError:
-                lost.extend((lock, "its LockManager was closed") for lock in group)
-                continue
-            sent_at = time.monotonic()
-            try:
-                gone = store.refresh_many(
-                    [(lk.key, lk.owner, lk.token) for lk in group if not lk.shared]
-                ) | store.refresh_shared_many(
-                    [(lk.key, lk.owner, lk.token) for lk in group if lk.shared]
-                )
-            except MongoLockError as exc:
-                if not self._unreachable:
-                    logger.warning("cannot refresh %d lock(s): %s", len(group), exc)
-                self._unreachable = True
-                next_due = min(
-                    next_due, time.monotonic() + min(RETRY_INTERVAL, _interval(shortest))
-                )
-                now = time.monotonic()
-                lost.extend(
-                    (lk, "its lease ended while MongoDB could not be reached")
-                    for lk in group
-                    if now >= lk._deadline
-                )
-                continue
-            if self._unreachable:
-                logger.warning("refreshing locks again")
-                self._unreachable = False
-            for lock in group:
-                if gone and lock.owner in gone:
-                    if not lock._released:  # released while this tick ran: not lost
-                        lost.append((lock, _NOT_EXTENDED))
-                else:
-                    # Extended by its ttl at a server time after sent_at.
-                    lock._deadline = sent_at + lock.ttl
-        with self._cond:
-            self._due = min(self._due, next_due)
-            for lock, _ in lost:
-                self._locks.discard(lock)
-        self.ticks += 1
-        for lock, reason in lost:
-            lock._mark_lost(reason)
-        for election in elections:
-            try:
-                election.campaign()
-            except Exception:  # one election must not stop the others, nor the thread
-                logger.exception("campaign for %r failed", election.key)
+        """Run one tick of every lane in the calling thread (benchmarks, tests)."""
+        for lane in self._lanes_now():
+            lane.tick()
 
     def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
         """Release every lock still held, one write per collection, within ``timeout``."""
@@ -243,6 +160,256 @@ class Refresher:
             except (MongoLockError, pymongo.errors.PyMongoError) as exc:
                 logger.warning("could not release %d lock(s) at exit: %s", len(group), exc)
         return released
+
+    # -- lanes -------------------------------------------------------------------------------
+
+    def _lane(self, manager: object) -> _Lane | None:
+        with self._mutex:
+            if self._stopping:
+                return None
+            lane = self._lanes.get(manager)
+            if lane is None:
+                lane = self._lanes[manager] = _Lane(self, manager)
+            return lane
+
+    def _lanes_now(self) -> list[_Lane]:
+        with self._mutex:
+            return list(self._lanes.values())
+
+    def _idle(self, lane: _Lane) -> bool:
+        """Forget ``lane`` if it keeps nothing (its thread then ends); False if it must go on."""
+        with lane._cond, self._mutex:  # the lane's first, as in _schedule
+            if lane._locks or lane._elections:
+                return False
+            if self._lanes.get(lane.manager) is lane:
+                del self._lanes[lane.manager]
+                self._ended_ticks += lane.ticks
+            lane._retired = True
+            return True
+
+
+class _Lane:
+    """The thread that refreshes the leases of one manager and runs its elections."""
+
+    def __init__(self, refresher: Refresher, manager: object) -> None:
+        self.refresher = refresher
+        self.manager = manager
+        self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+        # Elections campaign until stopped, so they are held strongly, like a thread.
+        self._elections: set[Campaign] = set()
+        self._cond = threading.Condition()
+        self._due = math.inf
+        self._stopping = False
+        self._retired = False
+        self._thread: threading.Thread | None = None
+        self._unreachable = False
+        self.ticks = 0
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._locks)
+
+    @property
+    def due(self) -> float:
+        return self._due
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def add(self, lock: Lock) -> None:
+        with self._cond:
+            self._locks.add(lock)
+            self._schedule(clock.now() + _interval(lock.ttl))
+
+    def discard(self, lock: Lock) -> None:
+        with self._cond:
+            self._locks.discard(lock)
+
+    def add_election(self, election: Campaign) -> None:
+        with self._cond:
+            self._elections.add(election)
+            self._schedule(clock.now())
+
+    def remove_election(self, election: Campaign) -> None:
+        with self._cond:
+            self._elections.discard(election)
+
+    def held(self) -> list[Lock]:
+        with self._cond:
+            return [lk for lk in self._locks if not lk.over]
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _schedule(self, due: float) -> None:
+        """Tick no later than ``due``; (re)start the thread when needed (holding ``_cond``).
+
+        Only a due date earlier than the sleeping thread's wakes it: acquiring and
+        releasing in a loop costs no thread switch per lock; the next tick simply
+        refreshes whatever is held by then.
+        """
+        if self._retired:
+            # The refresher forgot this lane as it went idle: come back under a new one.
+            self._retired = False
+            with self.refresher._mutex:
+                self.refresher._lanes.setdefault(self.manager, self)
+        if self._thread is None or not self._thread.is_alive():
+            self._due = due
+            self._start()
+        elif due < self._due:
+            self._due = due
+            self._cond.notify()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"mongolock-refresher-{id(self.manager):x}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._cond:
+                if (
+                    not self._stopping
+                    and not self._retired
+                    and self._thread is threading.current_thread()
+                    and (self._locks or self._elections)
+                ):
+                    logger.error("a refresher thread ended unexpectedly; restarting it")
+                    self.refresher.restarts += 1
+                    self._start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if not (self._locks or self._elections):
+                        self._due = math.inf
+                    left = self._due - clock.now()
+                    if left <= 0:
+                        break
+                    if left == math.inf:
+                        # Nothing kept for a while: end the thread; a new lock restarts it.
+                        self._cond.wait(IDLE_END)
+                        if self._due == math.inf and not (self._locks or self._elections):
+                            break
+                        continue
+                    self._cond.wait(left)
+                if self._stopping:
+                    return
+                # A lock registered while the tick runs may ask for an earlier tick.
+                due, self._due = self._due, math.inf
+            if due == math.inf:
+                if self.refresher._idle(self):
+                    return
+                continue
+            try:
+                self.tick()
+            except BaseException:  # user code runs in campaigns: the lane outlives it all
+                logger.exception("refresh tick failed")
+                with self._cond:
+                    self._due = min(self._due, clock.now() + RETRY_INTERVAL)
+
+    def tick(self) -> None:
+        """Extend every held lease of this manager now (one write), then campaign.
+
+        The per-lock work is kept to attribute reads and one float store under the
+        lock's own mutex: at 10,000 held locks it is a share of the tick that the write
+        itself does not dwarf.
+        """
+        with self._cond:
+            locks = [lk for lk in self._locks if lk.refreshable and not lk.over]
+            elections = list(self._elections)
+        if not locks and not elections:
+            return
+        shortest = min(
+            min((lk.ttl for lk in locks), default=math.inf),
+            min((election.ttl for election in elections), default=math.inf),
+        )
+        next_due = clock.now() + _interval(shortest)
+        if locks:
+            next_due = min(next_due, self._refresh(locks, shortest))
+        with self._cond:
+            self._due = min(self._due, next_due)
+        self.ticks += 1
+        for election in elections:
+            try:
+                election.campaign()
+            except Exception:  # one election must not stop the others, nor the thread
+                logger.exception("campaign for %r failed", getattr(election, "key", election))
+
+    def _refresh(self, locks: list[Lock], shortest: float) -> float:
+        """One write for ``locks``; mark the refused ones lost; when to tick again."""
+        manager: Any = self.manager
+        try:
+            store: LockStore = manager.store
+        except MongoLockError:
+            for lock in locks:
+                lock._mark_lost("its LockManager was closed", inline=False)
+            with self._cond:
+                for lock in locks:
+                    self._locks.discard(lock)
+            return math.inf
+        sent_at = clock.now()
+        # No answer after the last deadline can save any of these leases.
+        budget = max(MIN_WRITE_TIME, max(lk.deadline for lk in locks) - sent_at)
+        try:
+            with pymongo.timeout(budget):
+                gone = store.refresh_many(
+                    [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
+                ) | store.refresh_shared_many(
+                    [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
+                )
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            if not self._unreachable:
+                logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
+            self._unreachable = True
+            # The deadline watch announces the losses on time; try again soon.
+            return clock.now() + min(RETRY_INTERVAL, _interval(shortest))
+        if self._unreachable:
+            logger.warning("refreshing locks again")
+            self._unreachable = False
+        lost: list[Lock] = []
+        lapsed: list[Lock] = []
+        for lock in locks:
+            if gone and lock.owner in gone:
+                if not lock._released:  # released while this tick ran: not lost
+                    lost.append(lock)
+            # Extended by its ttl at a server time after sent_at.
+            elif (
+                not lock._renew(sent_at + lock.ttl - clock.margin(lock.ttl)) and not lock._released
+            ):
+                lapsed.append(lock)
+        if lost or lapsed:
+            with self._cond:
+                for lock in lost + lapsed:
+                    self._locks.discard(lock)
+        for lock in lost:
+            lock._mark_lost(_NOT_EXTENDED, inline=False)
+        if lapsed:
+            self._give_back(store, lapsed)
+        return math.inf
+
+    def _give_back(self, store: LockStore, lapsed: list[Lock]) -> None:
+        """Release leases the server extended after their holders were told they lost them."""
+        try:
+            with pymongo.timeout(max(MIN_WRITE_TIME, min(lk.ttl for lk in lapsed))):
+                store.release_many([(lk.key, lk.owner, lk.token) for lk in lapsed if not lk.shared])
+                for lk in lapsed:
+                    if lk.shared:
+                        store.release(lk.key, lk.owner, lk.token, shared=True)
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            logger.warning("could not give back %d lapsed lease(s): %s", len(lapsed), exc)
 
 
 _NOT_EXTENDED = "its lease could not be extended (released by somebody else, or already over)"
@@ -277,7 +444,7 @@ def _forget_in_child() -> None:
 
 
 def shutdown() -> None:
-    """Stop the thread and release this process's locks (runs at interpreter exit)."""
+    """Stop the lanes and release this process's locks (runs at interpreter exit)."""
     refresher = _refresher
     if refresher is None or refresher.pid != os.getpid():
         return

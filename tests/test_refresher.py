@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from django_mongolock import Lock, LockManager, MongoLockError
+from django_mongolock import Lock, LockManager, MongoLockError, clock
 from django_mongolock.refresher import Refresher, get_refresher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,8 @@ def test_a_lock_held_for_five_times_its_ttl_stays_held(
     lock = manager.acquire("kept", ttl=0.5)
     assert lock.refreshable
     ticks = refresher.ticks
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
+    deadline = clock.now() + 2.5
+    while clock.now() < deadline:
         assert lock.valid
         time.sleep(0.1)
     status = manager.status("kept")
@@ -117,19 +117,25 @@ def test_a_force_release_is_noticed_within_one_tick(
     assert [event_lock for name, event_lock in lock_events if name == "lost"] == [lock]
 
 
-def test_one_thread_serves_a_thousand_locks(manager: LockManager, refresher: Refresher) -> None:
+def test_one_thread_per_manager_serves_a_thousand_locks(
+    manager: LockManager, refresher: Refresher
+) -> None:
     first = manager.acquire("many-0", ttl=1.5)
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    assert lane.running
     threads_before = threading.active_count()
     locks = [first] + [manager.acquire(f"many-{i}", ttl=1.5) for i in range(1, 1000)]
     assert threading.active_count() <= threads_before
-    names = [t.name for t in threading.enumerate()]
-    assert names.count("mongolock-refresher") == 1
+    own = f"mongolock-refresher-{id(manager):x}"
+    assert [t.name for t in threading.enumerate()].count(own) == 1
     time.sleep(2.5)  # longer than the lease: only refreshing keeps them
     assert all(lock.valid for lock in locks)
     assert manager.count("live", prefix="many-") == 1000
     # Threads of earlier tests may have ended meanwhile; none was added.
     assert threading.active_count() <= threads_before
-    assert [t.name for t in threading.enumerate()].count("mongolock-refresher") == 1
+    assert [t.name for t in threading.enumerate()].count(own) == 1
+    assert refresher.lane_of(manager) is lane
     for lock in locks:
         lock.release()
 
@@ -191,9 +197,9 @@ def test_a_killed_holder_frees_its_lock_within_ttl_and_one_tick(
         assert status is not None
         assert status.live
         os.kill(process.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at = clock.now()
         taken = manager.acquire("crash", timeout=10)
-        waited = time.monotonic() - killed_at
+        waited = clock.now() - killed_at
     finally:
         process.kill()
         process.wait(timeout=30)
@@ -230,23 +236,23 @@ def test_taking_locks_does_not_wake_the_refresher_unless_it_must_tick_sooner(
         first = manager.acquire("schedule-first", ttl=30, refresh=False)
         locks.append(first)
         own.register(first)
-        due = own._due
-        assert due <= time.monotonic() + 10.0  # a third of the lease
+        due = own.due
+        assert due <= clock.now() + 10.0  # a third of the lease
         # Same lease, taken later: the next tick is due no sooner, so the thread sleeps on.
         later = manager.acquire("schedule-later", ttl=30, refresh=False)
         locks.append(later)
         own.register(later)
-        assert own._due == due
+        assert own.due == due
         # A shorter lease must be refreshed sooner: the tick moves earlier.
         short = manager.acquire("schedule-short", ttl=1.5, refresh=False)
         locks.append(short)
         short.refreshable = True
         own.register(short)
-        assert own._due < due
-        assert own._due <= time.monotonic() + 0.5
+        assert own.due < due
+        assert own.due <= clock.now() + 0.5
         ticks = own.ticks
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
+        deadline = clock.now() + 3.0
+        while clock.now() < deadline:
             assert short.valid
             time.sleep(0.1)
         assert own.ticks - ticks >= 3
@@ -269,13 +275,13 @@ def test_the_refresher_sleeps_without_a_deadline_once_nothing_is_held(
 
     try:
         kept("idle-then-busy").release()
-        deadline = time.monotonic() + 3.0
-        while own._due != float("inf") and time.monotonic() < deadline:
+        deadline = clock.now() + 3.0
+        while own.due != float("inf") and clock.now() < deadline:
             time.sleep(0.05)
-        assert own._due == float("inf")
+        assert own.due == float("inf")
         ticks = own.ticks
         again = kept("idle-then-busy")
-        assert own._due < float("inf")
+        assert own.due < float("inf")
         time.sleep(1.0)  # more than three leases: kept alive by ticks of the woken thread
         assert again.valid
         assert own.ticks - ticks >= 3

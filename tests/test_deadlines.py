@@ -1,0 +1,331 @@
+"""The holder knows first: loss notices by the holder's own bound of its lease end.
+
+A server that hangs a holder's refresh (the ``failCommand`` fail point blocks that
+client's writes, on a replica set of this module's own), user callbacks that raise,
+exit or block, and forks while a lock's mutex is held.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import Lock, LockLost, LockManager, clock
+from django_mongolock.notices import Notices
+from django_mongolock.refresher import get_refresher
+from django_mongolock.signals import lock_lost
+from django_mongolock.testing import MongoReplicaSet
+
+
+@pytest.fixture(scope="module")
+def testable() -> Iterator[MongoReplicaSet]:
+    """A single-node replica set that accepts fail points (``enableTestCommands``)."""
+    replica_set = MongoReplicaSet(
+        1, name="deadlines", extra_args=["--setParameter", "enableTestCommands=1"]
+    )
+    replica_set.start()
+    try:
+        yield replica_set
+    finally:
+        replica_set.stop()
+
+
+@pytest.fixture
+def hang(testable: MongoReplicaSet) -> Iterator[Any]:
+    """``hang(app)``: the server holds every write of clients named ``app`` for 5 s."""
+    admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
+
+    def arm(app: str) -> None:
+        admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode="alwaysOn",
+            data={
+                "failCommands": ["update", "findAndModify"],
+                "blockConnection": True,
+                "blockTimeMS": 5000,
+                "appName": app,
+            },
+        )
+
+    yield arm
+    admin.admin.command("configureFailPoint", "failCommand", mode="off")
+    admin.close()
+
+
+def _manager(testable: MongoReplicaSet, database: str, app: str) -> LockManager:
+    client: MongoClient[Any] = MongoClient(
+        testable.url, appname=app, w="majority", tz_aware=True, timeoutMS=10_000
+    )
+    return LockManager(client=client, database=database)
+
+
+def _close(*managers: LockManager) -> None:
+    """Close the managers and the clients they were given."""
+    for manager in managers:
+        client = manager.client
+        manager.close()
+        client.close()
+
+
+class Timeline:
+    """When each notice of one lock arrived, on ``clock.now()``'s scale."""
+
+    def __init__(self, lock: Lock) -> None:
+        self.lock = lock
+        self.at: dict[str, float] = {}
+        self.done = threading.Event()
+        lock.on_lost = lambda _: self._seen("on_lost")
+        threading.Thread(target=self._wait_for_event, daemon=True).start()
+
+    def _wait_for_event(self) -> None:
+        if self.lock.lost.wait(30):
+            self._seen("event")
+
+    def _seen(self, what: str) -> None:
+        self.at.setdefault(what, clock.now())
+        if len(self.at) >= 3:
+            self.done.set()
+
+    def signal(self, sender: Any, lock: Lock, **kwargs: Any) -> None:
+        if lock is self.lock:
+            self._seen("signal")
+
+
+def test_a_hung_refresh_does_not_delay_the_loss_notices(
+    testable: MongoReplicaSet, hang: Any, request: pytest.FixtureRequest
+) -> None:
+    database = f"hung_{request.node.name[-20:]}"
+    holder = _manager(testable, database, "hung-holder")
+    contender = _manager(testable, database, "contender")
+    try:
+        lock = holder.acquire("report", ttl=1.5)
+        timeline = Timeline(lock)
+        lock_lost.connect(timeline.signal, weak=False)
+        try:
+            hang("hung-holder")
+            taken = contender.acquire("report", timeout=20)
+            taken_at = clock.now()
+            assert timeline.done.wait(10), timeline.at
+        finally:
+            lock_lost.disconnect(timeline.signal)
+        # Every notice came before another process held the key, none before the bound.
+        assert set(timeline.at) == {"event", "signal", "on_lost"}
+        for what, at in timeline.at.items():
+            assert lock.deadline <= at < taken_at, (what, at, lock.deadline, taken_at)
+        assert taken.token > lock.token
+        # Healed: the old holder never acts as holder again.
+        testable_admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
+        testable_admin.admin.command("configureFailPoint", "failCommand", mode="off")
+        testable_admin.close()
+        assert not lock.valid
+        with pytest.raises(LockLost):
+            lock.refresh()
+        assert not lock.release()
+        status = contender.status("report")
+        assert status is not None
+        assert (status.owner, status.live) == (taken.owner, True)
+        taken.release()
+    finally:
+        holder.client.drop_database(database)
+        _close(holder, contender)
+
+
+def test_a_hung_server_connection_does_not_lapse_another_managers_locks(
+    testable: MongoReplicaSet, hang: Any, manager: LockManager
+) -> None:
+    database = "hung_isolated"
+    hung = _manager(testable, database, "hung-one")
+    try:
+        doomed = hung.acquire("doomed", ttl=1.0)
+        kept = manager.acquire("kept-elsewhere", ttl=1.0)
+        hang("hung-one")
+        until = clock.now() + 3.5  # more than three leases
+        while clock.now() < until:
+            assert kept.valid
+            time.sleep(0.05)
+        assert doomed.lost.is_set()
+        status = manager.status("kept-elsewhere")
+        assert status is not None
+        assert (status.owner, status.live) == (kept.owner, True)
+        assert kept.release()
+    finally:
+        hung.client.drop_database(database)
+        _close(hung)
+
+
+def test_callbacks_that_raise_exit_or_block_stop_no_other_notice(
+    manager: LockManager, other: LockManager
+) -> None:
+    signalled: list[str] = []
+    called: list[str] = []
+    release_blocker = threading.Event()
+
+    def record(sender: Any, lock: Lock, **kwargs: Any) -> None:
+        signalled.append(lock.key)
+
+    def misbehave(sender: Any, lock: Lock, **kwargs: Any) -> None:
+        if lock.key == "cb-raises":
+            raise RuntimeError("receiver failed")
+        if lock.key == "cb-exits":
+            sys.exit(3)
+
+    def on_lost(lock: Lock) -> None:
+        called.append(lock.key)
+        if lock.key == "cb-blocks":
+            release_blocker.wait(30)
+
+    lock_lost.connect(misbehave, weak=False)
+    lock_lost.connect(record, weak=False)
+    try:
+        blocks = manager.acquire("cb-blocks", ttl=0.6, on_lost=on_lost)
+        locks = [blocks] + [
+            manager.acquire(key, ttl=0.6, on_lost=on_lost) for key in ("cb-raises", "cb-exits")
+        ]
+        kept = manager.acquire("cb-kept", ttl=0.6)
+        # The first notice blocks forever in its callback; the others must still come.
+        other.force_release("cb-blocks")
+        assert blocks.lost.wait(5)
+        for key in ("cb-raises", "cb-exits"):
+            other.force_release(key)
+        for lock in locks:
+            assert lock.lost.wait(5), lock
+        deadline = clock.now() + 5
+        while len(called) < 3 and clock.now() < deadline:
+            time.sleep(0.02)
+        assert sorted(called) == ["cb-blocks", "cb-exits", "cb-raises"]
+        assert sorted(signalled) == ["cb-blocks", "cb-exits", "cb-raises"]
+        # The refresher lives on: a fourth lock outlives three of its leases.
+        until = clock.now() + 2.0
+        while clock.now() < until:
+            assert kept.valid
+            time.sleep(0.05)
+        assert kept.release()
+    finally:
+        release_blocker.set()
+        lock_lost.disconnect(misbehave)
+        lock_lost.disconnect(record)
+
+
+def test_an_exit_inside_a_campaign_does_not_end_the_refresher(manager: LockManager) -> None:
+    from django_mongolock.signals import lock_acquired
+
+    def exit_on_election(sender: Any, lock: Lock, **kwargs: Any) -> None:
+        if lock.key == "exit-election":
+            sys.exit(4)
+
+    kept = manager.acquire("exit-kept", ttl=0.6)
+    lock_acquired.connect(exit_on_election, weak=False)
+    election = manager.elect("exit-election", ttl=0.6)
+    try:
+        until = clock.now() + 2.0
+        while clock.now() < until:
+            assert kept.valid
+            time.sleep(0.05)
+        lane = get_refresher().lane_of(manager)
+        assert lane is not None
+        assert lane.running
+    finally:
+        lock_acquired.disconnect(exit_on_election)
+        election.stop()
+        kept.release()
+
+
+def test_a_blocked_notice_gets_another_worker() -> None:
+    notices = Notices()
+    blocker = threading.Event()
+    quick = threading.Event()
+    notices.post(lambda: blocker.wait(30))
+    notices.post(quick.set)
+    try:
+        # Nothing supervises this private runner: do what the deadline watch does.
+        deadline = clock.now() + 5
+        while not quick.is_set() and clock.now() < deadline:
+            notices.supervise(clock.now())
+            time.sleep(0.02)
+        assert quick.is_set()
+        assert notices.started == 2
+    finally:
+        blocker.set()
+    assert notices.drain(5)
+
+
+def test_many_losses_at_once_use_few_threads() -> None:
+    notices = Notices()
+    ran: list[int] = []
+    for i in range(500):
+        notices.post(lambda i=i: ran.append(i))  # type: ignore[misc]
+    assert notices.drain(10)
+    assert sorted(ran) == list(range(500))
+    assert notices.started <= 2
+
+
+def test_a_lock_that_is_not_refreshed_is_announced_lost_at_its_deadline(
+    manager: LockManager, other: LockManager
+) -> None:
+    lock = manager.acquire("unkept", ttl=0.8, refresh=False)
+    assert lock.lost.wait(5)
+    noticed = clock.now()
+    assert noticed >= lock.deadline
+    assert not lock.valid
+    taken = other.acquire("unkept", timeout=5)
+    assert taken.token > lock.token
+    taken.release()
+
+
+def _child_uses_a_lock_whose_mutex_was_held(lock: Lock, queue: Any) -> None:
+    queue.put(
+        {
+            "valid": lock.valid,
+            "lost": lock.lost.is_set(),
+            "released": lock.release(),
+            "refresher": len(get_refresher()),
+            "pid": os.getpid(),
+        }
+    )
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_fork_while_a_lock_mutex_is_held_does_not_deadlock_the_child(
+    manager: LockManager,
+) -> None:
+    lock = manager.acquire("forked-mutex", ttl=5)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    with lock._mutex:  # as a refresher or notice thread may hold it at the fork
+        child = context.Process(target=_child_uses_a_lock_whose_mutex_was_held, args=(lock, queue))
+        child.start()
+    try:
+        result = queue.get(timeout=30)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert result == {
+        "valid": False,
+        "lost": True,
+        "released": False,
+        "refresher": 0,
+        "pid": result["pid"],
+    }
+    assert result["pid"] != os.getpid()
+    assert lock.valid
+    assert lock.release()
+
+
+def test_the_clock_keeps_counting_through_suspend_where_it_can() -> None:
+    if sys.platform.startswith("linux"):
+        assert clock.now is clock._boottime
+        assert abs(clock.now() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1.0
+    assert clock.margin(3.0) == pytest.approx(0.05)
+    assert clock.margin(30.0) == pytest.approx(0.3)
+    assert clock.margin(0.1) == pytest.approx(0.025)
