@@ -15,7 +15,8 @@ PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
 	&& { command -v $$p; break; }; done)
 
-.PHONY: system-deps venv test lint typecheck docs test-reliability demo bench format clean distclean
+.PHONY: system-deps venv test lint typecheck docs test-reliability test-matrix check-wheel demo bench \
+	format clean matrix-clean distclean
 
 # Debian packages the suite needs (mongod's libraries, Chromium for the browser tests).
 system-deps:
@@ -68,6 +69,16 @@ test-reliability: system-deps venv
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no reliability tests" >&2; fi; \
 	exit $$status
 
+# The suite on every supported Python x Django x pymongo row, each on a fresh clone of HEAD
+# (scripts/matrix.sh; docs/contributing.md). Python 3.13 and 3.14 run in minimal Debian roots
+# that scripts/chroot.sh builds once (as root). MATRIX_ROWS="a b" runs some rows only.
+test-matrix:
+	bash scripts/matrix.sh
+
+# The built wheel in a clean venv: contents, manage.py check, migrate_mongolock, a locked command.
+check-wheel:
+	bash scripts/check-wheel.sh
+
 demo: venv
 	$(BIN)/python scripts/demo.py
 
@@ -84,9 +95,15 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 # Build output and caches; `distclean` also drops the virtualenv and the demo's MongoDB data.
+# The matrix's Debian roots stay (minutes to rebuild): `make matrix-clean` removes them.
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov docs/site
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -path ./$(VENV) -o -path ./.matrix \) -prune -o -name __pycache__ -type d -prune \
+		-exec rm -rf {} +
+
+# Never a plain rm -rf: a root may still have the host's /dev and /sys mounted in it.
+matrix-clean:
+	bash scripts/chroot.sh remove .matrix
 
 distclean: clean
 	rm -rf $(VENV) .mongodb
