@@ -362,3 +362,57 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for agent in started:
         agent.cleanup()
+
+
+# -- network faults -------------------------------------------------------------------------------
+
+
+class NetAgent(Agent):
+    """An agent of ``tests.reliability.netagent``: the network fault tests' lock client."""
+
+    def __init__(self, role: str, config: dict[str, Any], *, name: str, log_dir: Path) -> None:
+        self.name = name
+        self.stderr_path = log_dir / f"{name}.stderr"
+        self.messages = []
+        self._cond = threading.Condition()
+        self._seq = 0
+        with open(self.stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.reliability.netagent", role, json.dumps(config)],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                start_new_session=True,
+            )
+        self._reader = threading.Thread(target=self._read, name=f"agent-{name}", daemon=True)
+        self._reader.start()
+
+
+NetSpawn = Callable[..., NetAgent]
+
+
+@contextlib.contextmanager
+def net_agents(log_dir: Path) -> Iterator[NetSpawn]:
+    """``spawn(role, config, name=...)`` for network fault agents; all are reaped at the end."""
+    started: list[NetAgent] = []
+
+    def start(role: str, config: dict[str, Any], *, name: str) -> NetAgent:
+        agent = NetAgent(role, config, name=name, log_dir=log_dir)
+        started.append(agent)
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent in started:
+            agent.cleanup()
+
+
+@pytest.fixture
+def net_spawn(tmp_path: Path) -> Iterator[NetSpawn]:
+    """``net_spawn(role, config, name=...)``: a ``tests.reliability.netagent`` process."""
+    with net_agents(tmp_path) as start:
+        yield start

@@ -1,0 +1,335 @@
+"""A TCP proxy between lock clients and mongod that a test can break on purpose.
+
+The network faults that break lock services are not crashes: a link that silently
+drops packets (a partition: connections stay open, nothing arrives, every call waits for
+its timeout), a slow link, a link that comes and goes, and a half-open connection that
+carries requests but no replies. The proxy makes each of them on demand, switched at
+runtime from the test, without root or network namespaces:
+
+``pass``
+    forward both ways.
+``drop``
+    black hole: keep every connection (and accept new ones), silently discard the bytes
+    both ways.
+``delay``
+    forward both ways, every chunk ``delay`` seconds late (order kept).
+``reset``
+    close every connection with a TCP reset, and reset new ones at once.
+``half-open``
+    forward what the client sends, discard what the server answers: the server applies
+    the requests, the client never hears back.
+
+A connection can also be black-holed by where it comes from (``isolate``): the proxy
+looks up which process opened it (through ``/proc``), so that a test can cut mongod
+nodes and client processes into two sides of a partition whatever port they use.
+
+The proxy runs an asyncio loop in a daemon thread of the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["MODES", "Mode", "TcpProxy", "pid_of_peer"]
+
+Mode = Literal["pass", "drop", "delay", "reset", "half-open"]
+MODES: tuple[Mode, ...] = ("pass", "drop", "delay", "reset", "half-open")
+CHUNK = 65536
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0) rather than FIN: what a crashed peer or middlebox sends."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+@dataclass(eq=False)
+class _Link:
+    """One proxied connection: the client's side, the server's side, and where it came from."""
+
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter
+    origin: str
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class TcpProxy:
+    """Listens on 127.0.0.1 (a free port unless given) and forwards to ``target``.
+
+    ``classify(port)`` names the origin of a connection from its peer's local port (see
+    :func:`pid_of_peer`); connections from an origin in :meth:`isolate` are black-holed.
+    """
+
+    def __init__(
+        self,
+        target: tuple[str, int],
+        *,
+        port: int = 0,
+        classify: Callable[[int], str] | None = None,
+        name: str = "proxy",
+    ) -> None:
+        self.target = target
+        self.name = name
+        self._port = port
+        self._classify = classify
+        self._mode: Mode = "pass"
+        self._delay = 0.0
+        self._isolated: frozenset[str] = frozenset()
+        self._links: set[_Link] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.connections = 0
+        self.forwarded = 0
+        self.discarded = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<TcpProxy {self.name} :{self._port} -> {self.target[0]}:{self.target[1]} {self.mode}>"
+        )
+
+    # -- control (from any thread) ---------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def direct_url(self) -> str:
+        """A URL through the proxy to the one server behind it (which says it is a set member)."""
+        return f"mongodb://{self.address}/?directConnection=true"
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    def set_mode(self, mode: Mode, delay: float = 0.0) -> None:
+        """Switch every connection, open or new, to ``mode`` (``delay`` seconds for ``delay``)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if delay < 0 or (mode == "delay") != (delay > 0):
+            raise ValueError(f"delay must be > 0 for mode 'delay' only, got {delay!r}")
+        self._delay = delay
+        self._mode = mode
+        if mode == "reset":
+            self._call(self._reset_all)
+
+    def isolate(self, origins: Iterable[str]) -> None:
+        """Black-hole connections opened by these origins (empty: none), whatever the mode."""
+        self._isolated = frozenset(origins)
+
+    def start(self) -> TcpProxy:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._accept, "127.0.0.1", self._port)
+                )
+                self._port = self._server.sockets[0].getsockname()[1]
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"tcp-{self.name}", daemon=True)
+        self._thread.start()
+        if not ready.wait(10) or failure:
+            raise RuntimeError(f"{self!r} did not start: {failure}")
+        return self
+
+    def stop(self) -> None:
+        """Close the listener and every connection, and end the thread."""
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close(), loop)
+        future.result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _call(self, function: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                function()
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(run)
+        done.wait(10)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        self._reset_all()
+        tasks = [task for link in self._links for task in link.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._links.clear()
+
+    def _reset_all(self) -> None:
+        for link in list(self._links):
+            _reset(link.client)
+            _reset(link.server)
+
+    def _origin(self, writer: asyncio.StreamWriter) -> str:
+        if self._classify is None:
+            return "client"
+        peer = writer.get_extra_info("peername")
+        return self._classify(peer[1]) if peer else "unknown"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        if self._mode == "reset":
+            _reset(writer)
+            return
+        origin = self._origin(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            _reset(writer)
+            return
+        link = _Link(writer, up_writer, origin)
+        self._links.add(link)
+        queues: tuple[asyncio.Queue[tuple[float, bytes]], ...] = (asyncio.Queue(), asyncio.Queue())
+        link.tasks = [
+            asyncio.create_task(self._pump(link, reader, queues[0], upstream=True)),
+            asyncio.create_task(self._send(link, up_writer, queues[0])),
+            asyncio.create_task(self._pump(link, up_reader, queues[1], upstream=False)),
+            asyncio.create_task(self._send(link, writer, queues[1])),
+        ]
+
+    def _passes(self, link: _Link, upstream: bool) -> bool:
+        if link.origin in self._isolated or self._mode == "drop":
+            return False
+        return not (self._mode == "half-open" and not upstream)
+
+    async def _pump(
+        self,
+        link: _Link,
+        reader: asyncio.StreamReader,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        *,
+        upstream: bool,
+    ) -> None:
+        """Read one direction; queue what passes (with its due time), discard the rest."""
+        loop = asyncio.get_running_loop()
+        try:
+            while data := await reader.read(CHUNK):
+                if self._passes(link, upstream):
+                    due = loop.time() + (self._delay if self._mode == "delay" else 0.0)
+                    queue.put_nowait((due, data))
+                else:
+                    self.discarded += len(data)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            queue.put_nowait((0.0, b""))  # end of this direction
+
+    async def _send(
+        self, link: _Link, writer: asyncio.StreamWriter, queue: asyncio.Queue[tuple[float, bytes]]
+    ) -> None:
+        """Write what the pump queued, in order, each chunk no sooner than its due time."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                if (wait := due - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+                self.forwarded += len(data)
+        except OSError:
+            pass
+        finally:
+            # One side closed: close both, so the other side sees it (unless black-holed,
+            # where a closed peer is as invisible as anything else).
+            self._links.discard(link)
+            for side in (link.client, link.server):
+                side.transport.abort()
+
+
+# -- who opened a connection ----------------------------------------------------------------------
+
+
+def _socket_inode(port: int) -> int | None:
+    """The inode of the IPv4 loopback socket whose local port is ``port`` (/proc/net/tcp)."""
+    wanted = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[1] == wanted:
+                    return int(fields[9])
+    except OSError:
+        return None
+    return None
+
+
+def pid_of_peer(port: int, candidates: Iterable[int] | None = None) -> int | None:
+    """The pid of the local process whose socket has local port ``port``, or None.
+
+    Scans the descriptors of ``candidates`` (default: every process this user can see).
+    """
+    inode = _socket_inode(port)
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    pids = (
+        candidates
+        if candidates is not None
+        else (int(p) for p in os.listdir("/proc") if p.isdigit())
+    )
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        return pid
+        except OSError:
+            continue
+    return None
