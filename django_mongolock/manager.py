@@ -14,11 +14,10 @@ import secrets
 import socket
 import threading
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
@@ -27,7 +26,7 @@ from pymongo.errors import InvalidURI
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
-from django_mongolock.primitives import Election, LockGroup, Semaphore
+from django_mongolock.primitives import Election, LockGroup, Semaphore, check_callback
 from django_mongolock.queries import PLACE_GRACE_MS
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
@@ -54,6 +53,11 @@ _BACKOFF_CAP = 0.5
 # How long a waiter behind others in line sleeps on the stream between attempts: well
 # within the grace period that keeps its place.
 _BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
+
+_T = TypeVar("_T")
+
+# Closes an event loop's async client when the loop finalizes its async generators.
+_Closer = AsyncGenerator[None, None]
 
 
 class LockManager:
@@ -107,10 +111,11 @@ class LockManager:
         self._build_mutex = threading.Lock()
         self._watcher: Watcher | None = None
         self._closed = False
-        # One async client per event loop (they cannot cross loops), closed with the loop.
-        self._astores: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[AsyncLockStore, AsyncIterator[None]]
-        ] = weakref.WeakKeyDictionary()
+        # One async client per event loop (they cannot cross loops), closed and dropped
+        # when the loop shuts down; a loop closed without that is swept out later. The
+        # client refers to its loop, so weak keys would never let go: a plain dict.
+        self._astores: dict[asyncio.AbstractEventLoop, tuple[AsyncLockStore, _Closer]] = {}
+        self._astores_mutex = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<LockManager {self.database}.{self.collection}>"
@@ -169,7 +174,7 @@ class LockManager:
             raise ConfigurationError(f"invalid MongoDB URL: {_redact(str(exc))}") from exc
 
     async def _astore(self) -> AsyncLockStore:
-        """This event loop's async store, built on first use and closed with the loop.
+        """This event loop's async store, built on first use, closed and dropped with the loop.
 
         A client given to the manager is sync, so its URL is unknown: the async API needs
         a manager built from a URL.
@@ -187,25 +192,40 @@ class LockManager:
         except (InvalidURI, PyMongoConfigurationError, ValueError, TypeError) as exc:
             raise ConfigurationError(f"invalid MongoDB URL: {_redact(str(exc))}") from exc
         store = AsyncLockStore(client, self.database, self.collection)
-
-        async def close_with_the_loop() -> AsyncIterator[None]:
-            # asyncio.run() finalizes async generators before closing its loop: that is
-            # the last moment the client can still be closed on the loop it belongs to.
-            try:
-                yield
-            finally:
-                await store.close()
-
-        closer = close_with_the_loop()
+        closer = self._close_with_the_loop(loop, store)
+        # Runs to the first yield without suspending: no other task of this loop can
+        # build a second client meanwhile.
         await closer.__anext__()
-        self._astores[loop] = (store, closer)
+        with self._astores_mutex:
+            # Loops closed without finalizing their async generators (a bare
+            # loop.close()) never ran their closer: forget their clients here.
+            for old in [old for old in self._astores if old.is_closed()]:
+                del self._astores[old]
+            self._astores[loop] = (store, closer)
         return store
+
+    async def _close_with_the_loop(
+        self, loop: asyncio.AbstractEventLoop, store: AsyncLockStore
+    ) -> _Closer:
+        """Close ``store``'s client when ``loop`` shuts down, and forget it.
+
+        asyncio.run() finalizes async generators before closing its loop: the last
+        moment the client can still be closed on the loop it belongs to.
+        """
+        try:
+            yield
+        finally:
+            with self._astores_mutex:
+                if self._astores.get(loop, (None,))[0] is store:
+                    del self._astores[loop]
+            await store.close()
 
     async def aclose(self) -> None:
         """Close the async client of the running event loop (``close()`` does the rest)."""
-        entry = self._astores.pop(asyncio.get_running_loop(), None)
+        with self._astores_mutex:
+            entry = self._astores.pop(asyncio.get_running_loop(), None)
         if entry is not None:
-            await entry[1].aclose()  # type: ignore[attr-defined]
+            await entry[1].aclose()
 
     @property
     def waiters(self) -> Waiters:
@@ -238,10 +258,11 @@ class LockManager:
         watcher = self._watcher
         if watcher is not None and watcher.pid == os.getpid():
             watcher.stop()
-        for loop, (_, closer) in list(self._astores.items()):
+        with self._astores_mutex:
+            astores, self._astores = self._astores, {}
+        for loop, (_, closer) in astores.items():
             if loop.is_running() and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(closer.aclose(), loop)  # type: ignore[attr-defined]
-        self._astores.clear()
+                asyncio.run_coroutine_threadsafe(closer.aclose(), loop)
         with self._build_mutex:
             self._closed = True
             if self._client is not None and self._given_client is None and self._pid == os.getpid():
@@ -291,6 +312,7 @@ class LockManager:
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
         keep = self._keep(refresh)
+        check_callback("on_lost", on_lost)
         return self._acquire(request, wait, keep, on_lost)
 
     def _keep(self, refresh: bool | None) -> bool:
@@ -339,15 +361,66 @@ class LockManager:
         else:
             # Subscribe before the first attempt: a release right after it must wake us.
             with self.waiters.subscribe(request.key) as wake:
-                sent_at = time.monotonic()
-                info = request.attempt(store, queue=True)
-                mine = request.taken(info)
-                if mine is None:
-                    sent_at, mine = self._wait(request, wait, sent_at, info, wake)
+                try:
+                    sent_at = time.monotonic()
+                    info = request.attempt(store, queue=True)
+                    mine = request.taken(info)
+                    if mine is None:
+                        sent_at, mine = self._wait(request, wait, sent_at, info, wake)
+                except BaseException as exc:
+                    # A timeout left the line already; a server error leaves the place to
+                    # lapse. Anything else (KeyboardInterrupt, ...) must not keep it.
+                    if not isinstance(exc, MongoLockError):
+                        self._abandon(request)
+                    raise
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
-        lock_acquired.send(sender=self, lock=lock)
+        return self._announce(lock)
+
+    def _abandon(self, request: _Request) -> None:
+        """Leave the line of a wait that was interrupted, and give back what it took.
+
+        The interruption may have cut an attempt short after the server applied it:
+        a lease found to be this request's is released rather than left to lapse.
+        Best effort: the place lapses by itself soon, the lease at its end.
+        """
+        with contextlib.suppress(MongoLockError):
+            store = self.store
+            info = store.find(request.key)
+            mine = None if info is None else request.taken(info)
+            if mine is not None:
+                store.release(mine.key, mine.owner, mine.token, shared=request.shared)
+            else:
+                store.leave_queue(request.key, request.owner)
+
+    def _announce(self, lock: Lock) -> Lock:
+        """Send ``lock_acquired``; if a receiver fails, release the lock and raise its error.
+
+        Every receiver runs (``send_robust``), so each one that is told of the
+        acquisition is told of the release too. The caller never gets a handle, so
+        the key must not stay taken by nobody's handle until its lease ends.
+        """
+        try:
+            failed = _failure(lock_acquired.send_robust(sender=self, lock=lock))
+        except BaseException:  # sys.exit() or KeyboardInterrupt in a receiver
+            _give_back_quietly(lock)
+            raise
+        if failed is not None:
+            _give_back_quietly(lock)
+            raise failed
+        return lock
+
+    async def _aannounce(self, lock: Lock) -> Lock:
+        """``_announce`` for coroutines: the release goes through the async client."""
+        try:
+            failed = _failure(lock_acquired.send_robust(sender=self, lock=lock))
+        except BaseException:
+            await _agive_back_quietly(lock)
+            raise
+        if failed is not None:
+            await _agive_back_quietly(lock)
+            raise failed
         return lock
 
     def _wait(
@@ -416,6 +489,7 @@ class LockManager:
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
         keep = self._keep(refresh)
+        check_callback("on_lost", on_lost)
         store = await self._astore()
         if wait == 0:
             sent_at = time.monotonic()
@@ -425,16 +499,22 @@ class LockManager:
                 raise _busy(info)
         else:
             with self.waiters.subscribe_async(request.key) as wake:
-                sent_at = time.monotonic()
-                info = await _shielded(store, request, queue=True)
-                mine = request.taken(info)
-                if mine is None:
-                    sent_at, mine = await self._await(store, request, wait, sent_at, info, wake)
+                try:
+                    sent_at = time.monotonic()
+                    info = await _shielded(store, request, queue=True)
+                    mine = request.taken(info)
+                    if mine is None:
+                        sent_at, mine = await self._await(store, request, wait, sent_at, info, wake)
+                except BaseException as exc:
+                    # Cancelled (a task cancelled, a request aborted): leave the line as
+                    # a timeout does, or the next holder would wait for our place.
+                    if not isinstance(exc, MongoLockError):
+                        await _leave_line(store, request)
+                    raise
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
-        lock_acquired.send(sender=self, lock=lock)
-        return lock
+        return await self._aannounce(lock)
 
     async def _await(
         self,
@@ -456,8 +536,7 @@ class LockManager:
             wanted, attempt = _next_delay(info, watcher.healthy_since(), sent_at, attempt)
             delay = _within(wanted, deadline)
             if delay is None:
-                with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
-                    await store.leave_queue(request.key, request.owner)
+                await _leave_line(store, request)
                 raise _busy(info, waited=time.monotonic() - started)
             wake_at = time.monotonic() + delay
             needed = _releases_needed(info, request.shared)
@@ -525,6 +604,8 @@ class LockManager:
         """A context manager that acquires ``key`` on entry and releases it on exit."""
         self._request(key, ttl, shared, limit)
         validate_timeout(timeout, blocking=blocking)
+        self._keep(refresh)
+        check_callback("on_lost", on_lost)
         return LockContext(
             self,
             key,
@@ -770,12 +851,16 @@ async def _shielded(store: AsyncLockStore, request: _Request, *, queue: bool) ->
 
     If the caller is cancelled while the attempt is in flight, the attempt still
     completes, and a lock it took is released at once instead of being left to lapse.
+    The cancellation waits for the attempt (unless cancelled again), so that leaving
+    the line afterwards comes after the attempt that took the place.
     """
     attempt = asyncio.ensure_future(store.acquire(**request.arguments(queue=queue)))
     try:
         return await asyncio.shield(attempt)
     except asyncio.CancelledError:
         attempt.add_done_callback(functools.partial(_give_back, store, request))
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([attempt])
         raise
 
 
@@ -785,14 +870,57 @@ def _give_back(store: AsyncLockStore, request: _Request, attempt: asyncio.Future
     mine = request.taken(attempt.result())
     if mine is None:
         return
-    release = store.release(mine.key, mine.owner, mine.token, shared=request.shared)
-    task = asyncio.ensure_future(release)
+    _in_background(store.release(mine.key, mine.owner, mine.token, shared=request.shared))
+
+
+async def _leave_line(store: AsyncLockStore, request: _Request) -> None:
+    """Give up a waiter's place in line, even if the caller is cancelled meanwhile.
+
+    The write runs as a task of its own: a cancellation stops the wait for it, not it.
+    """
+    leave = _in_background(store.leave_queue(request.key, request.owner))
+    with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
+        await asyncio.shield(leave)
+
+
+def _in_background(work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Run ``work`` as a task that nobody may be left to await: kept referenced until
+    done, its error (the lease or the place lapses by itself) not reported twice.
+    """
+    task = asyncio.ensure_future(work)
     _ABANDONED.add(task)
-    task.add_done_callback(_ABANDONED.discard)
+    task.add_done_callback(_forget)
+    return task
 
 
-# Releases of locks taken by cancelled attempts, kept referenced until they finish.
-_ABANDONED: set[asyncio.Future[bool]] = set()
+def _forget(task: asyncio.Future[Any]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" at exit
+
+
+# Clean-up writes of cancelled acquisitions, kept referenced until they finish.
+_ABANDONED: set[asyncio.Future[Any]] = set()
+
+
+def _failure(responses: builtins.list[tuple[Any, Any]]) -> BaseException | None:
+    """The first error of ``send_robust`` responses (Django logs each of them)."""
+    return next((r for _, r in responses if isinstance(r, BaseException)), None)
+
+
+def _give_back_quietly(lock: Lock) -> None:
+    """Release a lock its caller will never get; if that fails, its lease lapses."""
+    try:
+        lock.release()
+    except MongoLockError as exc:
+        logger.warning("could not release %r after a failed receiver: %s", lock.key, exc)
+
+
+async def _agive_back_quietly(lock: Lock) -> None:
+    try:
+        await lock.arelease()
+    except MongoLockError as exc:
+        logger.warning("could not release %r after a failed receiver: %s", lock.key, exc)
 
 
 def _next_delay(

@@ -2,12 +2,14 @@
 
 A semaphore is a shared lock with a limit; a group takes several exclusive locks in one
 global order; an election is an exclusive lock that the refresher thread keeps trying to
-take (campaigning) and keeps alive once taken. None of them adds a thread of its own:
-election callbacks run in a short-lived thread each, outside the refresher's tick.
+take (campaigning) and keeps alive once taken. The only thread they add is an election's
+callback worker: it runs that election's callbacks one after another, in the order of the
+events, outside the refresher's tick, and exits when it has nothing left to run.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import threading
@@ -24,9 +26,17 @@ if TYPE_CHECKING:
     from django_mongolock.manager import LockContext, LockManager
     from django_mongolock.store import Holder
 
-__all__ = ["Election", "LockGroup", "Semaphore"]
+__all__ = ["Election", "LockGroup", "Semaphore", "check_callback"]
 
 logger = logging.getLogger("django_mongolock.primitives")
+
+
+def check_callback(name: str, value: object) -> None:
+    """Refuse a callback that cannot be called, before any I/O: it would fail much later,
+    in another thread, where nobody sees the mistake.
+    """
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, not {value!r:.80}")
 
 
 class Semaphore:
@@ -179,7 +189,12 @@ class Election:
     while this process is not the leader, and keeps the lease alive while it is. When
     the lease is lost (another process force-released it, or it could not be refreshed
     in time) the election notices within one refresh tick, calls ``on_demoted`` and
-    campaigns again. Callbacks run in a thread of their own, never in the refresher's.
+    campaigns again.
+
+    Callbacks run in the order of the events (an ``on_demoted`` never before the
+    ``on_elected`` of its term) in a worker thread of this election, never in the
+    refresher's. A callback that raises or calls ``sys.exit()`` is logged and the next
+    one runs; a callback that blocks delays only this election's later callbacks.
     """
 
     def __init__(
@@ -193,6 +208,8 @@ class Election:
     ) -> None:
         self.key = validate_key(key)
         self.ttl = manager.ttl if ttl is None else validate_ttl(ttl)
+        check_callback("on_elected", on_elected)
+        check_callback("on_demoted", on_demoted)
         self.on_elected = on_elected
         self.on_demoted = on_demoted
         self._manager = manager
@@ -201,6 +218,11 @@ class Election:
         self._active = threading.Event()
         self.changed = threading.Event()
         self.terms = 0
+        # The callbacks still to run, in the order of their events, and the worker
+        # thread running them (None while idle).
+        self._calls: collections.deque[Callable[[Election], object]] = collections.deque()
+        self._calls_mutex = threading.Lock()
+        self._worker: threading.Thread | None = None
 
     def __repr__(self) -> str:
         role = "leader" if self.is_leader else "follower"
@@ -241,9 +263,12 @@ class Election:
         with self._mutex:
             self._active.clear()
             lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.on_lost = None  # this step-down is the term's one demotion
         get_refresher().remove_election(self)
-        if lock is not None and lock.valid:
-            lock.on_lost = None
+        if lock is not None:
+            # A term that ended by itself meanwhile (its lease lapsed) is not held any
+            # more: release() then does nothing, and the demotion is still announced.
             try:
                 lock.release()
             finally:
@@ -261,6 +286,11 @@ class Election:
         except MongoLockError as exc:
             logger.warning("campaign for %r failed: %s", self.key, exc)
             return
+        except (Exception, SystemExit):
+            # A lock_acquired receiver failed; the lock was given back. The refresher's
+            # thread must survive it (even a sys.exit()): campaign again next tick.
+            logger.exception("campaign for %r failed in a lock_acquired receiver", self.key)
+            return
         with self._mutex:
             if not self._active.is_set():  # stopped while this attempt ran
                 lock.on_lost = None
@@ -268,29 +298,47 @@ class Election:
                 return
             self._lock = lock
             self.terms += 1
+            # Queued under the mutex: a demotion of this term queues after it.
+            self._callback(self.on_elected)
         logger.info("elected leader of %r (token %s)", self.key, lock.token)
-        self._callback(self.on_elected)
+        if lock.lost.is_set():
+            # Lost before it was this election's term: its on_lost found nothing to demote.
+            self._demoted(lock)
 
     def _demoted(self, lock: Lock) -> None:
         with self._mutex:
             if self._lock is not lock:
                 return
             self._lock = None
+            self._callback(self.on_demoted)
         logger.warning("demoted: lost the leadership of %r (token %s)", self.key, lock.token)
-        self._callback(self.on_demoted)
 
     def _callback(self, callback: Callable[[Election], object] | None) -> None:
+        """Queue ``callback`` behind this election's earlier ones (see the class docstring)."""
         self.changed.set()
         if callback is None:
             return
+        with self._calls_mutex:
+            self._calls.append(callback)
+            worker = self._worker
+            if worker is None or not worker.is_alive():  # idle, or gone with a fork
+                self._worker = threading.Thread(
+                    target=self._run_callbacks, name="mongolock-election-callbacks", daemon=True
+                )
+                self._worker.start()
 
-        def run() -> None:
+    def _run_callbacks(self) -> None:
+        """The worker: run queued callbacks in order until none is left, then exit."""
+        while True:
+            with self._calls_mutex:
+                if not self._calls:
+                    self._worker = None
+                    return
+                callback = self._calls.popleft()
             try:
                 callback(self)
-            except Exception:
+            except BaseException:  # sys.exit() too: it would end this thread, and the queue
                 logger.exception("election callback for %r failed", self.key)
-
-        threading.Thread(target=run, name="mongolock-election-callback", daemon=True).start()
 
     def __enter__(self) -> Election:
         return self

@@ -1,0 +1,287 @@
+"""Edge cases of the manager: async clients per event loop, waiters that are cancelled or
+interrupted, callbacks checked up front, and lock_acquired receivers that fail."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from django_mongolock import Lock, LockManager
+from django_mongolock.signals import lock_acquired
+
+
+def _line(manager: LockManager, key: str) -> list[str]:
+    """The owners waiting in ``key``'s line, as stored (lapsed places included)."""
+    doc = manager.client[manager.database][manager.collection].find_one({"_id": key})
+    return [] if doc is None else [place["owner"] for place in doc.get("waiters", [])]
+
+
+def _async_clients() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if type(obj) is AsyncMongoClient)
+
+
+# -- one async client per event loop, dropped with it ------------------------------------------
+
+
+def test_a_closed_loop_leaves_no_async_client_behind(manager: LockManager) -> None:
+    async def once() -> None:
+        lock = await manager.aacquire("per-loop", ttl=10)
+        assert await lock.arelease()
+
+    asyncio.run(once())
+    before = _async_clients()
+    for _ in range(50):
+        asyncio.run(once())
+    assert manager._astores == {}
+    assert _async_clients() <= before
+
+
+def test_a_loop_closed_without_finalizing_is_forgotten_on_next_use(manager: LockManager) -> None:
+    async def once() -> None:
+        lock = await manager.aacquire("bare-loop", ttl=10)
+        assert await lock.arelease()
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(once())
+    store = manager._astores[loop][0]
+    # Closed without shutdown_asyncgens(): the closer never runs, so the client is closed
+    # here by hand (its own loop is the only one it can be closed on).
+    loop.run_until_complete(store.close())
+    loop.close()
+    asyncio.run(once())
+    assert loop not in manager._astores
+    assert manager._astores == {}
+
+
+# -- a waiter that stops waiting leaves the line -----------------------------------------------
+
+
+@pytest.mark.parametrize("moment", ["in-attempt", "asleep"])
+def test_a_cancelled_async_waiter_leaves_the_line(
+    manager: LockManager, other: LockManager, moment: str
+) -> None:
+    holder = manager.acquire("cancelled", ttl=30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(other.aacquire("cancelled", timeout=30))
+        if moment == "in-attempt":
+            await asyncio.sleep(0)  # the first attempt is on its way to the server
+        else:
+            while not _line(manager, "cancelled"):
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # asleep until a release wakes it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert _line(manager, "cancelled") == []
+    assert holder.release()
+    # Nobody is ahead: a newcomer gets the key at once.
+    newcomer = manager.acquire("cancelled", blocking=False)
+    assert newcomer.release()
+
+
+def test_a_waiter_cancelled_twice_still_leaves_the_line(
+    manager: LockManager, other: LockManager
+) -> None:
+    holder = manager.acquire("twice", ttl=30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(other.aacquire("twice", timeout=30))
+        while not _line(manager, "twice"):
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.sleep(0)  # now leaving the line
+        task.cancel()  # ... and cancelled while it leaves
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The leave goes on in the background.
+        deadline = time.monotonic() + 10
+        while _line(manager, "twice") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert _line(manager, "twice") == []
+    assert holder.release()
+    manager.acquire("twice", blocking=False).release()
+
+
+class _Interrupted(KeyboardInterrupt):
+    """A Ctrl-C sent to this test's waiting thread only."""
+
+
+@pytest.fixture
+def interrupt_main_in() -> Iterator[Callable[[float], threading.Timer]]:
+    """Raise _Interrupted in the main thread (a signal handler) after some seconds."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timers: list[threading.Timer] = []
+
+    def arm(seconds: float) -> threading.Timer:
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
+        timers.append(timer)
+        timer.start()
+        return timer
+
+    yield arm
+    for timer in timers:
+        timer.cancel()
+        timer.join()
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_an_interrupted_sync_waiter_leaves_the_line(
+    manager: LockManager,
+    other: LockManager,
+    interrupt_main_in: Callable[[float], threading.Timer],
+) -> None:
+    assert threading.current_thread() is threading.main_thread()
+    holder = manager.acquire("interrupted", ttl=30)
+    interrupt_main_in(0.5)
+    with pytest.raises(_Interrupted):
+        other.acquire("interrupted", timeout=30)
+    assert _line(manager, "interrupted") == []
+    assert holder.release()
+    manager.acquire("interrupted", blocking=False).release()
+
+
+# -- callbacks are checked when given ----------------------------------------------------------
+
+
+def test_callbacks_that_cannot_be_called_are_refused_before_any_io() -> None:
+    # Nothing listens on port 9: any I/O would end in ServerUnavailable, not TypeError.
+    with LockManager("mongodb://127.0.0.1:9/", server_selection_timeout=0.2) as offline:
+        with pytest.raises(TypeError, match=r"on_lost .*'not a callable'"):
+            offline.acquire("k", on_lost="not a callable")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_lost .*42"):
+            offline.lock("k", on_lost=42)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_lost .*'x'"):
+            offline.alock("k", on_lost="x")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_lost .*'x'"):
+            offline.semaphore("k", 2).acquire(on_lost="x")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_elected .*'not a callable'"):
+            offline.elect("k", on_elected="not a callable")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"on_demoted .*\[\]"):
+            offline.elect("k", on_demoted=[])  # type: ignore[arg-type]
+
+        async def main() -> None:
+            with pytest.raises(TypeError, match=r"on_lost .*b'x'"):
+                await offline.aacquire("k", on_lost=b"x")  # type: ignore[arg-type]
+
+        asyncio.run(main())
+        assert offline._astores == {}  # no async client was even built
+
+
+def test_a_refused_election_campaigns_for_nothing(manager: LockManager) -> None:
+    with pytest.raises(TypeError, match="on_elected"):
+        manager.elect("nothing", on_elected="x")  # type: ignore[arg-type]
+    time.sleep(0.3)
+    assert manager.status("nothing") is None
+
+
+# -- a failing lock_acquired receiver leaves no orphan -----------------------------------------
+
+
+class _ReceiverFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def receivers() -> Iterator[Callable[[Callable[..., Any]], None]]:
+    """Connect receivers to lock_acquired for this test only."""
+    connected: list[Callable[..., Any]] = []
+
+    def connect(receiver: Callable[..., Any]) -> None:
+        lock_acquired.connect(receiver, weak=False)
+        connected.append(receiver)
+
+    yield connect
+    for receiver in connected:
+        lock_acquired.disconnect(receiver)
+
+
+def _failing(exc: BaseException) -> Callable[..., None]:
+    def receiver(sender: Any, lock: Lock, **kwargs: Any) -> None:
+        raise exc
+
+    return receiver
+
+
+def _free(manager: LockManager, key: str) -> bool:
+    status = manager.status(key)
+    return status is None or not status.live
+
+
+def test_a_raising_receiver_gives_the_lock_back_and_raises(
+    manager: LockManager,
+    other: LockManager,
+    receivers: Callable[[Callable[..., Any]], None],
+    lock_events: list[tuple[str, Any]],
+) -> None:
+    failing = _failing(_ReceiverFailed("no"))
+    receivers(failing)
+    with pytest.raises(_ReceiverFailed, match="no"):
+        manager.acquire("orphan", ttl=30)
+    # The key is free at once, not after a lease that nobody can release.
+    assert _free(manager, "orphan")
+    # Every receiver heard of the acquisition, and then of its release.
+    assert [(name, lock.key) for name, lock in lock_events] == [
+        ("acquired", "orphan"),
+        ("released", "orphan"),
+    ]
+    lock_acquired.disconnect(failing)
+    newcomer = other.acquire("orphan", blocking=False)
+    assert newcomer.release()
+
+
+def test_a_raising_receiver_does_not_keep_the_others_from_hearing(
+    manager: LockManager, receivers: Callable[[Callable[..., Any]], None]
+) -> None:
+    heard: list[tuple[str, bool]] = []
+    receivers(_failing(_ReceiverFailed("first")))
+    receivers(lambda sender, lock, **kwargs: heard.append((lock.key, lock.valid)))
+    with pytest.raises(_ReceiverFailed):
+        manager.acquire("robust", ttl=30, timeout=5)
+    assert heard == [("robust", True)]
+    assert _free(manager, "robust")
+
+
+def test_a_receiver_calling_sys_exit_frees_the_key(
+    manager: LockManager, receivers: Callable[[Callable[..., Any]], None]
+) -> None:
+    receivers(_failing(SystemExit(3)))
+    with pytest.raises(SystemExit):
+        manager.acquire("exit", ttl=30)
+    assert _free(manager, "exit")
+
+
+def test_a_raising_receiver_frees_an_async_acquisition(
+    manager: LockManager, receivers: Callable[[Callable[..., Any]], None]
+) -> None:
+    receivers(_failing(_ReceiverFailed("async")))
+
+    async def main() -> None:
+        with pytest.raises(_ReceiverFailed):
+            await manager.aacquire("async-orphan", ttl=30)
+        assert _free(manager, "async-orphan")
+        with pytest.raises(_ReceiverFailed):
+            async with manager.alock("async-orphan", ttl=30, timeout=5):
+                pytest.fail("the block must not run")
+
+    asyncio.run(main())
+    assert _free(manager, "async-orphan")
