@@ -25,7 +25,9 @@ from django_mongolock import queries
 from django_mongolock.store import (
     _CODEC,
     LockInfo,
+    _check_limit,
     _checked,
+    _refused,
     _released_live,
     _retryable,
     _Translate,
@@ -67,6 +69,7 @@ class AsyncLockStore:
         limit: int | None = None,
         tags: Mapping[str, str] | None = None,
     ) -> LockInfo:
+        _check_limit(shared, limit)
         op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
@@ -82,7 +85,8 @@ class AsyncLockStore:
                     with contextlib.suppress(PyMongoError):
                         await self.collection.update_one(undo.filter, undo.pipeline)
                     raise
-        return LockInfo.from_document(doc)
+        info = LockInfo.from_document(doc)
+        return _refused(info, owner, queue=queue, shared=shared, limit=limit)
 
     async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         reply, _ = await self._send(op.command(self.collection.name, key))

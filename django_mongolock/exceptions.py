@@ -7,6 +7,8 @@ from datetime import datetime
 
 __all__ = [
     "ConfigurationError",
+    "LimitConflict",
+    "LineFull",
     "LockLost",
     "LockNotAcquired",
     "MongoLockError",
@@ -47,6 +49,44 @@ class LockNotAcquired(MongoLockError):
         if waited is not None:
             message += f"; gave up after waiting {waited:.3f}s"
         super().__init__(message)
+
+
+class LineFull(LockNotAcquired):
+    """The key's line of waiters, or its list of shared holders, is at its cap.
+
+    A ``LockNotAcquired``: the key is busy, and so crowded that waiting would mean
+    growing its document without bound; the caller is refused at once, even when it
+    would wait, and may try again later.
+    """
+
+    def __init__(self, key: str, cap: int, what: str) -> None:
+        super().__init__(key)
+        self.cap = cap
+        self.what = what
+        self.args = (f"lock {key!r} is busy and has {cap} {what}, the most a key takes",)
+
+
+class LimitConflict(MongoLockError):
+    """A shared acquire asked for another limit than the one the key's live holders share.
+
+    The limit belongs to the key while it has live holders (the first holder set it), so
+    no caller can exceed the limit the others rely on. A ``MongoLockError``, not a
+    ``ValueError``: the argument is valid on its own and would be accepted once those
+    holders are gone; it conflicts with the server's state, which only the server knows.
+    """
+
+    def __init__(self, key: str, limit: int | None, wanted: int | None) -> None:
+        self.key = key
+        self.limit = limit
+        self.wanted = wanted
+
+        def shown(value: int | None) -> str:
+            return "no limit" if value is None else f"limit {value}"
+
+        super().__init__(
+            f"lock {key!r} is held under {shown(limit)}; {shown(wanted)} was asked for "
+            "(the limit belongs to the key while it has holders)"
+        )
 
 
 class LockLost(MongoLockError):

@@ -929,7 +929,10 @@ def _next_delay(
     """How long to sleep before the next attempt, and the next back-off step."""
     lease_end = max(info.next_free_in, 0.0) + 0.001
     streamed = stream_since is not None and stream_since <= sent_at
-    if info.held and streamed:
+    # A lease that has ended (its holder crashed) ends no later: no release will come,
+    # and trying again at once only spins while a waiter ahead keeps its place.
+    running = info.held and info.next_free_in > 0
+    if running and streamed:
         # The stream was open before the last attempt: any release after it wakes us.
         return lease_end, attempt
     if streamed and info.position > 0:
@@ -938,7 +941,7 @@ def _next_delay(
         return _BEHIND_IN_LINE, attempt
     # No stream to wake us, or the lock is free with others ahead in line.
     delay = min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
-    if info.held:
+    if running:
         delay = min(delay, lease_end)
     return delay, min(attempt + 1, 16)
 

@@ -20,8 +20,11 @@ from bson.raw_bson import RawBSONDocument
 
 __all__ = [
     "CLUSTER_TOKEN",
+    "ENDED_KEEP",
     "HELD",
     "LIVE",
+    "MAX_HOLDERS",
+    "MAX_WAITERS",
     "PROJECTION",
     "RELEASE_PIPELINE",
     "Acquire",
@@ -84,6 +87,16 @@ PROJECTION: Final = {
 HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists": True}}]}
 # How long after the lease end it waits for a waiter keeps its place in line (ms).
 PLACE_GRACE_MS: Final = 2000
+# The lists inside one document are capped far below MongoDB's 16 MB document limit (an
+# entry takes about 100 bytes): a blocking acquirer facing a full line, or a shared one
+# facing a full list of holders, is refused with ``LineFull`` instead of growing them.
+MAX_WAITERS: Final = 1000
+MAX_HOLDERS: Final = 1000
+# Owner ids of the latest acquisitions of a key that ended (released, or given back): a
+# late duplicate of one of those acquire requests changes nothing instead of taking the
+# key again for a holder that has moved on.
+ENDED_KEEP: Final = 16
+_ENDED: Final = {"$ifNull": ["$ended", []]}
 _NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER_TOKEN]}
 
 
@@ -180,34 +193,76 @@ _ME: Final = "$$me"
 _LEASE_END: Final = {"$add": ["$$NOW", "$$ttl_ms"]}
 
 
-def _queue_busy() -> dict[str, Any]:
+def _queue_busy(shared: bool) -> dict[str, Any]:
     """The document with the caller in its line of waiters (added, or its place renewed).
 
     A waiter's place lapses unless it tries again by shortly after the lease end it was
-    told to wait for (it wakes at that lease end at the latest).
+    told to wait for (it wakes at that lease end at the latest). A full line
+    (``MAX_WAITERS`` live places) takes nobody new: the document is left as it is.
     """
     until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
-    place = {"owner": _ME, "until": until}
+    place: dict[str, Any] = {"owner": _ME, "until": until}
+    if shared:
+        place["shared"] = True  # readers in line enter together (see _shared_turn)
     return {
-        "$mergeObjects": [
-            "$$ROOT",
+        "$cond": [
+            {"$in": [_ME, "$$q.owner"]},
             {
-                "waiters": {
-                    "$cond": [
-                        {"$in": [_ME, "$$q.owner"]},
-                        {
+                "$mergeObjects": [
+                    "$$ROOT",
+                    {
+                        "waiters": {
                             "$map": {
                                 "input": "$$q",
                                 "as": "w",
                                 "in": {"$cond": [{"$eq": ["$$w.owner", _ME]}, place, "$$w"]},
                             }
-                        },
-                        {"$concatArrays": ["$$q", [place]]},
-                    ]
-                }
+                        }
+                    },
+                ]
+            },
+            {
+                "$cond": [
+                    {"$gte": [{"$size": "$$q"}, MAX_WAITERS]},
+                    "$$ROOT",
+                    {
+                        "$mergeObjects": [
+                            "$$ROOT",
+                            {"waiters": {"$concatArrays": ["$$q", [place]]}},
+                        ]
+                    },
+                ]
             },
         ]
     }
+
+
+def _shared_turn(limited: bool) -> dict[str, Any]:
+    """Whether a shared request may enter past the line: every live waiter ahead of it is
+    shared too (so the readers in line enter together, and none passes a writer), and,
+    with a limit, those ahead and the live holders leave it a slot."""
+    ahead = {
+        "$let": {
+            "vars": {"i": {"$indexOfArray": ["$$q.owner", _ME]}},
+            "in": {
+                "$cond": [
+                    {"$lt": ["$$i", 0]},
+                    "$$q",
+                    {"$slice": ["$$q", {"$max": ["$$i", 0]}]},
+                ]
+            },
+        }
+    }
+    all_shared = {
+        "$allElementsTrue": [
+            {"$map": {"input": "$$a", "as": "w", "in": {"$eq": ["$$w.shared", True]}}}
+        ]
+    }
+    test: Any = all_shared
+    if limited:
+        slots = {"$lt": [{"$add": [{"$size": "$$h"}, {"$size": "$$a"}]}, "$$limit"]}
+        test = {"$and": [all_shared, slots]}
+    return {"$let": {"vars": {"a": ahead}, "in": test}}
 
 
 @functools.cache
@@ -256,9 +311,22 @@ def _acquire_command(
                 {"$lte": ["$expires_at", "$$NOW"]},
             ]
         }
-        room = {"$lt": [{"$size": "$$h"}, "$$limit"]} if limited else True
-        free: Any = {"$and": [no_writer, room]}
+        free: Any = no_writer
+        my_turn: Any = _shared_turn(limited)
         projection = {**PROJECTION, "mine": _mine(_ME)}
+        # The limit belongs to the key while it has live holders: a caller asking for
+        # another one (or none) is refused and joins no line, so the limit the holders
+        # rely on is never exceeded. A full list of holders (a semaphore's limit is at
+        # most the cap) takes nobody new either.
+        refused: list[Any] = [
+            {
+                "$and": [
+                    {"$gt": [{"$size": "$$h"}, 0]},
+                    {"$ne": [{"$ifNull": ["$limit", None]}, "$$limit" if limited else None]},
+                ]
+            },
+            {"$gte": [{"$size": "$$h"}, MAX_HOLDERS]},
+        ]
     else:
         taken = {
             "_id": "$_id",
@@ -270,18 +338,20 @@ def _acquire_command(
             "expires_at": _LEASE_END,
             "ttl": "$$ttl",
             "waiters": waiters,
+            "ended": "$ended",
             **extra,
         }
         # A missing expires_at sorts below every date, so a fresh upsert takes the lock;
         # shared leases keep the top-level expires_at at the latest of them.
         free = {"$lte": ["$expires_at", "$$NOW"]}
+        my_turn = {
+            "$or": [
+                {"$eq": [{"$size": "$$q"}, 0]},
+                {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
+            ]
+        }
         projection = dict(PROJECTION)
-    my_turn = {
-        "$or": [
-            {"$eq": [{"$size": "$$q"}, 0]},
-            {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
-        ]
-    }
+        refused = []
     if queue:
         # The caller's place in line, so that it sleeps through the releases that are
         # for the waiters ahead of it.
@@ -289,18 +359,23 @@ def _acquire_command(
         projection["position"] = {"$indexOfArray": [place, _ME]}
     # One stage: a busy key without a queue comes back unchanged, which the server
     # does not write at all. The same request sent again (after a lost reply) finds its
-    # own lease and changes nothing, so the caller reads the lock it already took.
+    # own live lease and changes nothing, so the caller reads the lock it already took;
+    # sent after this acquisition ended (released, given back), it changes nothing either.
     if shared:
-        held_already: Any = {"$in": [_ME, {"$ifNull": ["$holders.owner", []]}]}
+        held_already: Any = {"$in": [_ME, "$$h.owner"]}
     else:
         held_already = {"$and": [{"$eq": ["$owner", _ME]}, LIVE]}
-    busy = _queue_busy() if queue else "$$ROOT"
+    busy = _queue_busy(shared) if queue else "$$ROOT"
     decide = {
-        "$cond": [
-            held_already,
-            "$$ROOT",
-            {"$cond": [{"$and": [free, my_turn]}, taken, busy]},
-        ]
+        "$switch": {
+            "branches": [
+                {"case": held_already, "then": "$$ROOT"},
+                {"case": {"$in": [_ME, _ENDED]}, "then": "$$ROOT"},
+                *({"case": case, "then": "$$ROOT"} for case in refused),
+                {"case": {"$and": [free, my_turn]}, "then": taken},
+            ],
+            "default": busy,
+        }
     }
     stage = {"$replaceWith": {"$let": {"vars": variables, "in": decide}}}
     return (RawBSONDocument(bson.encode(stage)),), RawBSONDocument(bson.encode(projection))
@@ -317,11 +392,14 @@ def acquire(
 ) -> Acquire:
     """Take the key for ``owner`` if it is free for it, in one atomic upsert.
 
-    Exclusive: free when no lease (exclusive or shared) is live. Shared: free when no
-    exclusive lease is live and fewer than ``limit`` shared leases are. Either way a
-    free key goes to the first live waiter in line, if any, so a releaser cannot grab
-    its lock straight back from those who waited. With ``queue`` (a blocking
-    acquirer), a caller that does not get the key joins the line.
+    Exclusive: free when no lease (exclusive or shared) is live, and the caller is first
+    in line (or the line is empty), so a releaser cannot grab its lock straight back
+    from those who waited. Shared: free when no exclusive lease is live and only shared
+    waiters are ahead in line (the readers in line enter together; none passes a writer),
+    within ``limit`` counting the live holders and those ahead. With ``queue`` (a
+    blocking acquirer), a caller that does not get the key joins the line, unless it is
+    full. Changes nothing for a request whose acquisition has ended (a late duplicate),
+    nor, shared, for a limit other than the live holders' or a full list of holders.
     """
     tags = tags or {}
     pipeline, projection = _acquire_command(queue, shared, limit is not None, tuple(tags))
@@ -398,11 +476,18 @@ def refresh_shared(key: str, owner: str, token: int, ttl: float) -> Update:
     )
 
 
-def refresh_shared_many(owners: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``update_many`` arguments that extend every live shared lease of ``owners``."""
-    listed = {"$literal": list(owners)}
+def refresh_shared_many(
+    held: Sequence[tuple[str, str, int]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``update_many`` arguments that extend every live shared lease in ``held``.
+
+    The filter names the keys, so the documents are found through the ``_id`` index
+    whatever the size of the collection (send it with that hint).
+    """
+    owners = sorted({owner for _, owner, _ in held})
+    listed = {"$literal": owners}
     return (
-        {"holders.owner": {"$in": list(owners)}},
+        {"_id": {"$in": sorted({key for key, _, _ in held})}, "holders.owner": {"$in": owners}},
         [
             {
                 "$set": {
@@ -455,12 +540,19 @@ _FREED: Final = {
             "input": LIVE_WAITERS,
             "as": "w",
             "in": {
-                "owner": "$$w.owner",
-                "until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]},
+                "$mergeObjects": [
+                    "$$w",
+                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]}},
+                ]
             },
         }
     },
 }
+
+
+def _ended_with(owner: Any) -> dict[str, Any]:
+    """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
+    return {"$slice": [{"$concatArrays": [[owner], _ENDED]}, ENDED_KEEP]}
 
 
 def release(key: str, owner: str, token: int) -> Release:
@@ -500,7 +592,12 @@ RELEASE_PIPELINE: Final = (
                         {
                             "$mergeObjects": [
                                 "$$ROOT",
-                                {"owner": None, **_FREED, "expires_at": "$$NOW"},
+                                {
+                                    "owner": None,
+                                    **_FREED,
+                                    "expires_at": "$$NOW",
+                                    "ended": _ended_with("$owner"),
+                                },
                             ]
                         },
                         "$$ROOT",
@@ -528,6 +625,7 @@ def release_shared(key: str, owner: str, token: int) -> Update:
                         }
                     },
                     **_FREED,
+                    "ended": _ended_with(me),
                 }
             },
             {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},

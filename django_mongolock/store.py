@@ -34,7 +34,13 @@ from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from django_mongolock import queries
-from django_mongolock.exceptions import MongoLockError, ReplicaSetRequired, ServerUnavailable
+from django_mongolock.exceptions import (
+    LimitConflict,
+    LineFull,
+    MongoLockError,
+    ReplicaSetRequired,
+    ServerUnavailable,
+)
 
 __all__ = [
     "KEY_INDEX",
@@ -189,9 +195,9 @@ class LockInfo:
         return data
 
     def as_holder(self, owner: str) -> LockInfo | None:
-        """The lease of shared holder ``owner``, as an exclusive-looking LockInfo."""
+        """The live lease of shared holder ``owner``, as an exclusive-looking LockInfo."""
         for holder in self.holders:
-            if holder.owner == owner:
+            if holder.owner == owner and holder.expires_at > self.now:
                 return LockInfo(
                     key=self.key,
                     owner=owner,
@@ -249,6 +255,39 @@ class IndexAction:
     description: str
     action: Literal["created", "unchanged", "updated", "missing", "differs"]
     detail: str = ""
+
+
+def _check_limit(shared: bool, limit: int | None) -> None:
+    """A semaphore cannot have more slots than a document takes holders (before any I/O)."""
+    if shared and limit is not None and limit > queries.MAX_HOLDERS:
+        raise ValueError(
+            f"limit must be at most {queries.MAX_HOLDERS} (the shared holders one key "
+            f"takes), got {limit}"
+        )
+
+
+def _refused(
+    info: LockInfo, owner: str, *, queue: bool, shared: bool, limit: int | None
+) -> LockInfo:
+    """``info``, unless the acquire was refused for a reason waiting cannot cure.
+
+    A limit other than the live holders' (LimitConflict), a full list of shared holders
+    or a full line of waiters (LineFull): the acquire changed nothing, and a blocking
+    caller must not wait for a place it will never get.
+    """
+    if shared:
+        if info.as_holder(owner) is not None:
+            return info
+        live = info.live_holders
+        if live and info.limit != limit:
+            raise LimitConflict(info.key, info.limit, limit)
+        if len(live) >= queries.MAX_HOLDERS:
+            raise LineFull(info.key, queries.MAX_HOLDERS, "shared holders")
+    elif info.owner == owner:
+        return info
+    if queue and info.position < 0 and info.waiting >= queries.MAX_WAITERS:
+        raise LineFull(info.key, queries.MAX_WAITERS, "waiters")
+    return info
 
 
 def _released_live(doc: Mapping[str, Any] | None) -> bool:
@@ -389,8 +428,10 @@ class LockStore:
 
         Returns the document after the update: the caller holds the lock when its owner
         is ``owner`` (or, shared, when it is among ``holders``); otherwise it says who
-        holds it and when their leases end. See ``queries.acquire``.
+        holds it and when their leases end. See ``queries.acquire``. Raises LimitConflict
+        or LineFull when the key refused the caller for good (see ``_refused``).
         """
+        _check_limit(shared, limit)
         op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
@@ -406,7 +447,8 @@ class LockStore:
                     with contextlib.suppress(PyMongoError):
                         self.collection.update_one(undo.filter, undo.pipeline)
                     raise
-        return LockInfo.from_document(doc)
+        info = LockInfo.from_document(doc)
+        return _refused(info, owner, queue=queue, shared=shared, limit=limit)
 
     def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         reply, _ = self._send(op.command(self.collection.name, key))
@@ -523,11 +565,14 @@ class LockStore:
         if not held:
             return set()
         owners = {owner for _, owner, _ in held}
-        query, pipeline = queries.refresh_shared_many(sorted(owners))
+        query, pipeline = queries.refresh_shared_many(held)
         alive: set[str] = set()
+        by_id = [("_id", ASCENDING)]
         with self._translate:
-            self.collection.update_many(query, pipeline)
-            for doc in self.collection.find(query, projection={"holders": 1, "now": "$$NOW"}):
+            self.collection.update_many(query, pipeline, hint=by_id)
+            for doc in self.collection.find(
+                query, projection={"holders": 1, "now": "$$NOW"}, hint=by_id
+            ):
                 alive.update(
                     entry["owner"]
                     for entry in doc.get("holders") or ()

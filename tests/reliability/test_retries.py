@@ -11,13 +11,20 @@ and its reply carries a write concern error.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager, LockNotAcquired, MongoLockError, ServerUnavailable
+from django_mongolock import (
+    LockManager,
+    LockNotAcquired,
+    MongoLockError,
+    ServerUnavailable,
+    queries,
+)
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import stop_and_check
 
@@ -179,3 +186,65 @@ def test_without_a_lost_reply_each_operation_answers_normally(retrying: LockMana
     removed = retrying.force_release("job")
     assert removed is not None
     assert removed.token == again.token
+
+
+# -- one acquisition, however often its request arrives --------------------------------------
+
+
+def _send_again(manager: LockManager, key: str, owner: str, ttl: float, **kind: Any) -> Any:
+    """The same acquire request once more, as a late duplicate of it would reach the server."""
+    store = manager.store
+    op = queries.acquire(owner, ttl, **kind)
+    reply = store.collection.database.command(op.command(store.collection.name, key))
+    return reply["value"]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_a_late_duplicate_of_an_acquire_cannot_take_the_key_after_its_release(
+    retrying: LockManager, shared: bool
+) -> None:
+    store = retrying.store
+    owner = retrying.new_owner()
+    info = store.acquire("job", owner, 30.0, shared=shared)
+    mine = info.as_holder(owner) if shared else info
+    assert mine is not None
+    assert store.release("job", owner, mine.token, shared=shared)
+    _send_again(retrying, "job", owner, 30.0, shared=shared, queue=True)
+    assert retrying.status("job") is None  # freed, and still free
+    doc = store.collection.find_one({"_id": "job"})
+    assert doc is not None
+    assert not doc.get("waiters")  # nor did the duplicate join the line
+    assert owner in doc["ended"]
+    lock = retrying.acquire("job", ttl=30, blocking=False)
+    assert lock.release()
+
+
+def test_a_retried_shared_acquire_never_returns_an_ended_lease(retrying: LockManager) -> None:
+    """The retry arrives after the lease its first send took has ended: it gets a live one."""
+    store = retrying.store
+    owner = retrying.new_owner()
+    store.acquire("job", owner, 0.2, shared=True)
+    time.sleep(0.4)
+    again = store.acquire("job", owner, 30.0, shared=True)
+    mine = again.as_holder(owner)
+    assert mine is not None
+    assert mine.expires_at > mine.now
+    doc = store.collection.find_one({"_id": "job"})
+    assert doc is not None
+    assert [entry["owner"] for entry in doc["holders"]] == [owner]
+    assert store.release("job", owner, mine.token, shared=True)
+
+
+def test_a_retried_acquire_whose_first_send_took_the_lock_and_lost_the_reply_late(
+    retrying: LockManager, lose_next_reply: Any
+) -> None:
+    """The first send is applied and its reply lost; the lock is released; a third copy of
+    the request (delivered late) changes nothing."""
+    lose_next_reply()
+    lock = retrying.acquire("job", ttl=30)
+    assert lock.release()
+    _send_again(retrying, "job", lock.owner, 30.0)
+    assert retrying.status("job") is None
+    doc = retrying.store.collection.find_one({"_id": "job"})
+    assert doc is not None
+    assert doc["token"] == lock.token

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+from pymongo import MongoClient
+from pymongo.database import Database
 
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Agent, Record, Spawn, agent_config
@@ -73,3 +77,64 @@ def test_a_waiter_that_gave_up_does_not_hold_back_the_one_behind_it(
     record(free_but_not_taken_seconds=free)
     assert free <= BEHIND_IN_LINE + SLACK
     assert got["token"] > taken["token"]
+
+
+def _profile(replica_set: MongoReplicaSet, database: str) -> Database[dict[str, Any]]:
+    """The test database with every operation profiled (in a profile large enough to keep
+    them all), read from the primary, where the profile is written."""
+    client: MongoClient[dict[str, Any]] = MongoClient(replica_set.url, tz_aware=True)
+    db = client[database]
+    db.command("profile", 0)
+    db.drop_collection("system.profile")
+    db.create_collection("system.profile", capped=True, size=64 * 2**20)
+    db.command("profile", 2)
+    return db
+
+
+def test_waiting_behind_a_crashed_holder_and_a_dead_waiter_costs_few_writes(
+    replica_set: MongoReplicaSet, database: str, spawn: Spawn, record: Record
+) -> None:
+    """The holder is SIGKILLed (its lease runs out by itself) and so is the first waiter:
+    the waiter behind them must not try again and again, and gets the lock once the dead
+    waiter's place has lapsed, about one ttl after it was last renewed."""
+    ttl = 3.0
+    holder, first, second = line(spawn, replica_set, database)
+    taken = holder.call("acquire", name="job", key="job", ttl=ttl)
+    assert taken["ok"], taken
+    wait_in_line(first, "job", 60)
+    behind = wait_in_line(second, "job", 60)
+    db = _profile(replica_set, database)
+    try:
+        holder.kill()
+        first.kill()
+        killed = time.monotonic()
+        got = second.reply(behind, timeout=ttl + PLACE_GRACE + BEHIND_IN_LINE + 30)
+        ended = time.monotonic()
+    finally:
+        db.command("profile", 0)
+    assert got["ok"], got
+    assert got["token"] > taken["token"]
+    writes = [
+        op["ts"]
+        for op in db["system.profile"].find(
+            {"ns": f"{database}.locks", "op": {"$in": ["command", "update", "remove", "insert"]}}
+        )
+        if op["op"] != "command" or "findAndModify" in op.get("command", {})
+    ]
+    db.client.close()
+    seconds = ended - killed
+    per_second: dict[int, int] = {}
+    for ts in writes:
+        per_second[int(ts.timestamp())] = per_second.get(int(ts.timestamp()), 0) + 1
+    record(
+        writes=len(writes),
+        seconds=seconds,
+        writes_per_second=len(writes) / seconds,
+        peak_writes_in_one_second=max(per_second.values(), default=0),
+        got_lock_after_kill_seconds=got["done"] - killed,
+    )
+    # One waiter alive: its attempts, a few per second at most, never a stream of them.
+    assert len(writes) / seconds <= 3.0, per_second
+    assert max(per_second.values(), default=0) <= 5, per_second
+    # The dead waiter is out of the way about one ttl after the holder's last refresh.
+    assert got["done"] - killed <= ttl + PLACE_GRACE + BEHIND_IN_LINE + SLACK

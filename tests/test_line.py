@@ -1,0 +1,253 @@
+"""What one key's document may hold: its line of waiters, its shared holders, its limit.
+
+Readers in line enter together, the limit of a semaphore belongs to the key, the lists in
+the document are capped far below MongoDB's 16 MB, and the refresh of shared leases finds
+its documents through an index however large the collection is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from django_mongolock import LockManager, LockNotAcquired, MongoLockError, queries
+from django_mongolock.exceptions import LimitConflict, LineFull
+from django_mongolock.queries import MAX_HOLDERS, MAX_WAITERS
+
+
+def _waiting(manager: LockManager, key: str, count: int, timeout: float = 20.0) -> None:
+    """Wait (bounded) until ``count`` waiters are in ``key``'s line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = manager.store.collection.find_one({"_id": key}, projection={"waiters": 1})
+        if doc is not None and len(doc.get("waiters") or ()) >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} waiters did not join the line of {key!r} in {timeout:g}s")
+
+
+# -- edge 1: readers in line enter together ------------------------------------------------------
+
+
+def test_readers_waiting_behind_a_writer_enter_together(
+    manager: LockManager, other: LockManager
+) -> None:
+    """Their leases are 30 s: one lease apart, the second reader would time out after 10 s."""
+    writer = manager.acquire("catalog", ttl=30)
+    got: dict[int, Any] = {}
+
+    def read(n: int) -> None:
+        try:
+            got[n] = other.acquire("catalog", shared=True, ttl=30, timeout=10)
+        except MongoLockError as exc:
+            got[n] = exc
+
+    readers = [threading.Thread(target=read, args=(n,)) for n in range(3)]
+    for reader in readers:
+        reader.start()
+    _waiting(manager, "catalog", 3)
+    assert writer.release()
+    for reader in readers:
+        reader.join(30)
+    assert not any(reader.is_alive() for reader in readers)
+    assert all(not isinstance(lock, Exception) for lock in got.values()), got
+    status = manager.status("catalog")
+    assert status is not None
+    assert sorted(holder.owner for holder in status.live_holders) == sorted(
+        lock.owner for lock in got.values()
+    )
+    for lock in got.values():
+        assert lock.release()
+
+
+def test_a_reader_does_not_pass_a_writer_waiting_ahead(
+    manager: LockManager, other: LockManager
+) -> None:
+    """Readers enter together only up to the first writer in line: writers do not starve."""
+    reader = manager.acquire("catalog", shared=True, ttl=30)
+    result: list[Any] = []
+    waiting_writer = threading.Thread(
+        target=lambda: result.append(other.acquire("catalog", ttl=30, timeout=20))
+    )
+    waiting_writer.start()
+    _waiting(manager, "catalog", 1)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("catalog", shared=True, blocking=False)
+    assert reader.release()
+    waiting_writer.join(30)
+    assert len(result) == 1
+    assert result[0].owner == (manager.status("catalog") or result[0]).owner
+    assert result[0].release()
+
+
+# -- edge 4: the limit belongs to the key --------------------------------------------------------
+
+
+def test_a_semaphore_limit_belongs_to_the_key(manager: LockManager, other: LockManager) -> None:
+    three = manager.semaphore("exports", limit=3)
+    five = other.semaphore("exports", limit=5)
+    held = [three.acquire(ttl=30) for _ in range(3)]
+    with pytest.raises(LimitConflict, match="limit 3") as refused:
+        five.acquire(blocking=False)
+    assert (refused.value.key, refused.value.limit, refused.value.wanted) == ("exports", 3, 5)
+    # A blocking caller is refused at once rather than waiting in line for a slot.
+    with pytest.raises(LimitConflict):
+        five.acquire(timeout=30)
+    # A shared lock without a limit would exceed it too.
+    with pytest.raises(LimitConflict, match="no limit"):
+        other.acquire("exports", shared=True, blocking=False)
+    status = manager.status("exports")
+    assert status is not None
+    assert len(status.live_holders) == 3
+    assert status.limit == 3
+    assert not (manager.store.collection.find_one({"_id": "exports"}) or {}).get("waiters")
+    for lock in held:
+        assert lock.release()
+    # With no live holder left, the next holder's limit is the key's.
+    taken = [five.acquire(ttl=30, blocking=False) for _ in range(5)]
+    with pytest.raises(LimitConflict, match="limit 5"):
+        three.acquire(blocking=False)
+    for lock in taken:
+        assert lock.release()
+
+
+def test_a_smaller_limit_conflicts_too(manager: LockManager, other: LockManager) -> None:
+    """A smaller limit would not exceed the first, but the callers disagree: say so."""
+    lock = manager.semaphore("exports", limit=3).acquire(ttl=30)
+    with pytest.raises(LimitConflict, match="limit 3"):
+        other.semaphore("exports", limit=1).acquire(blocking=False)
+    assert lock.release()
+
+
+def test_an_unlimited_shared_key_refuses_a_semaphore(
+    manager: LockManager, other: LockManager
+) -> None:
+    reader = manager.acquire("catalog", shared=True, ttl=30)
+    with pytest.raises(LimitConflict, match="limit 2"):
+        other.semaphore("catalog", limit=2).acquire(blocking=False)
+    more = other.acquire("catalog", shared=True, ttl=30, blocking=False)
+    assert reader.release()
+    assert more.release()
+
+
+# -- edge 10: the lists in a document are capped ---------------------------------------------------
+
+
+def _crowded(manager: LockManager, key: str, *, waiters: int = 0, holders: int = 0) -> None:
+    """A document, written directly, whose key is held and whose lists are ``waiters`` and
+    ``holders`` long (as that many live processes would leave it)."""
+    later = datetime.now(UTC) + timedelta(minutes=10)
+    doc: dict[str, Any] = {
+        "_id": key,
+        "key": key,
+        "token": 1,
+        "acquired_at": datetime.now(UTC),
+        "refreshed_at": datetime.now(UTC),
+        "expires_at": later,
+        "ttl": 600.0,
+        "waiters": [{"owner": f"waiter-{n}", "until": later} for n in range(waiters)],
+    }
+    if holders:
+        entries = [
+            {
+                "owner": f"reader-{n}",
+                "token": 1,
+                "acquired_at": datetime.now(UTC),
+                "expires_at": later,
+                "ttl": 600.0,
+            }
+            for n in range(holders)
+        ]
+        doc.update(mode="shared", owner=None, limit=None, holders=entries)
+    else:
+        doc["owner"] = "somebody"
+    manager.store.collection.insert_one(doc)
+
+
+def test_a_full_line_refuses_a_blocking_acquire_at_once(manager: LockManager) -> None:
+    _crowded(manager, "popular", waiters=MAX_WAITERS)
+    with pytest.raises(LineFull, match=f"{MAX_WAITERS} waiters") as full:
+        manager.acquire("popular", timeout=30)
+    assert isinstance(full.value, LockNotAcquired)
+    assert full.value.cap == MAX_WAITERS
+    doc = manager.store.collection.find_one({"_id": "popular"})
+    assert doc is not None
+    assert len(doc["waiters"]) == MAX_WAITERS
+    # A waiter already in line keeps (and renews) its place.
+    busy = manager.store.acquire("popular", "waiter-7", 30.0, queue=True)
+    assert busy.position == 7
+    # A caller that does not wait is told the key is busy, as always.
+    with pytest.raises(LockNotAcquired, match="somebody"):
+        manager.acquire("popular", blocking=False)
+
+
+def test_lapsed_places_make_room_in_a_full_line(manager: LockManager) -> None:
+    _crowded(manager, "popular", waiters=MAX_WAITERS)
+    manager.store.collection.update_one(
+        {"_id": "popular"}, {"$set": {"waiters.0.until": datetime.now(UTC) - timedelta(seconds=1)}}
+    )
+    with pytest.raises(LockNotAcquired) as busy:
+        manager.acquire("popular", timeout=0.2)
+    assert not isinstance(busy.value, LineFull)
+
+
+def test_a_full_holders_list_refuses_another_shared_holder(manager: LockManager) -> None:
+    _crowded(manager, "library", holders=MAX_HOLDERS)
+    with pytest.raises(LineFull, match=f"{MAX_HOLDERS} shared holders"):
+        manager.acquire("library", shared=True, timeout=30)
+    doc = manager.store.collection.find_one({"_id": "library"})
+    assert doc is not None
+    assert len(doc["holders"]) == MAX_HOLDERS
+    assert not doc.get("waiters")
+
+
+def test_a_semaphore_larger_than_the_holders_cap_is_a_value_error(manager: LockManager) -> None:
+    with pytest.raises(ValueError, match=str(MAX_HOLDERS)):
+        manager.semaphore("big", limit=MAX_HOLDERS + 1).acquire(blocking=False)
+    assert manager.status("big") is None
+
+
+# -- edge 7: the shared refresh uses an index ----------------------------------------------
+
+
+def test_the_shared_refresh_reads_no_more_than_its_own_documents(manager: LockManager) -> None:
+    collection = manager.store.collection
+    later = datetime.now(UTC) + timedelta(minutes=10)
+    collection.insert_many(
+        {
+            "_id": f"other-{n}",
+            "key": f"other-{n}",
+            "mode": "shared",
+            "owner": None,
+            "expires_at": later,
+            "holders": [{"owner": f"reader-{n}", "token": 1, "expires_at": later, "ttl": 600.0}],
+        }
+        for n in range(2000)
+    )
+    locks = [manager.acquire(f"mine-{n}", shared=True, ttl=30, refresh=False) for n in range(3)]
+    held = [(lock.key, lock.owner, lock.token) for lock in locks]
+    database = collection.database
+    database.command("profile", 0)
+    database.drop_collection("system.profile")
+    database.create_collection("system.profile", capped=True, size=4 * 2**20)
+    database.command("profile", 2)
+    try:
+        assert manager.store.refresh_shared_many(held) == set()
+    finally:
+        database.command("profile", 0)
+    ops = list(database["system.profile"].find({"ns": collection.full_name}))
+    assert {op["op"] for op in ops} >= {"update", "query"}, ops
+    for op in ops:
+        assert "COLLSCAN" not in op.get("planSummary", ""), op
+        assert op.get("docsExamined", 0) <= len(held), op
+    # explain() of the query the refresh sends: the _id index, never a collection scan.
+    query, _ = queries.refresh_shared_many(held)
+    plan = collection.find(query).hint([("_id", 1)]).explain()
+    assert "COLLSCAN" not in str(plan["queryPlanner"]["winningPlan"])
+    assert plan["executionStats"]["totalDocsExamined"] == len(held)
+    for lock in locks:
+        assert lock.release()
