@@ -132,6 +132,8 @@ class Deadlines:
                     except Exception:
                         logger.exception("could not mark a lease lost")
                 self.lapsed += len(due)
+        except BaseException:
+            logger.exception("the deadline watch failed")
         finally:
             with self._cond:
                 if not self._stopping and self._thread is threading.current_thread():

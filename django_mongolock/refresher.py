@@ -277,6 +277,8 @@ class _Lane:
     def _run(self) -> None:
         try:
             self._loop()
+        except BaseException:
+            logger.exception("a refresher thread failed")
         finally:
             with self._cond:
                 if (

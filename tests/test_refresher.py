@@ -288,3 +288,36 @@ def test_the_refresher_sleeps_without_a_deadline_once_nothing_is_held(
         assert again.release()
     finally:
         own.stop()
+
+
+def test_a_refresher_thread_that_dies_is_replaced_and_says_so(
+    manager: LockManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    own = Refresher()
+    lock = manager.acquire("phoenix", ttl=0.6, refresh=False)
+    lock.refreshable = True
+    lane = own._lane(manager)
+    assert lane is not None
+    original = lane._loop
+    broken: list[bool] = []
+
+    def dies_once() -> None:
+        if not broken:
+            broken.append(True)
+            raise RuntimeError("a bug in the loop")
+        original()
+
+    lane._loop = dies_once  # type: ignore[method-assign]
+    try:
+        own.register(lock)
+        until = clock.now() + 2.0  # more than three leases
+        while clock.now() < until:
+            assert lock.valid
+            time.sleep(0.05)
+        assert broken == [True]
+        assert own.restarts == 1
+        assert "ended unexpectedly; restarting it" in caplog.text
+        assert lane.running
+    finally:
+        own.stop()
+        lock.release()
