@@ -507,8 +507,9 @@ class LockManager:
                         sent_at, mine = await self._await(store, request, wait, sent_at, info, wake)
                 except BaseException as exc:
                     # Cancelled (a task cancelled, a request aborted): leave the line as
-                    # a timeout does, or the next holder would wait for our place.
-                    if not isinstance(exc, MongoLockError):
+                    # a timeout does, or the next holder would wait for our place. (A
+                    # coroutine closed by its garbage collection may not await any more.)
+                    if not isinstance(exc, MongoLockError | GeneratorExit):
                         await _leave_line(store, request)
                     raise
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
