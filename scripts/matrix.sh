@@ -192,7 +192,7 @@ for wanted in $MATRIX_ROWS; do
     [ -n "$found" ] || { echo "matrix: no row named '$wanted'" >&2; exit 2; }
 done
 
-printf '\nTest matrix at %s\n' "$(git rev-parse --short HEAD)"
+printf '\nTest matrix at %s\n' "${HEAD_SHA:0:7}"
 printf '%-3s %-9s %-9s %-9s %6s %6s %7s  %s\n' row Python Django pymongo passed failed minutes result
 cat "$TABLE"
 echo
