@@ -17,6 +17,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from django_mongolock import Lock, LockManager
+from django_mongolock.manager import _ABANDONED as cleanups
 from django_mongolock.signals import lock_acquired
 
 
@@ -103,7 +104,10 @@ def test_a_waiter_cancelled_twice_still_leaves_the_line(
         while not _line(manager, "twice"):
             await asyncio.sleep(0.02)
         task.cancel()
-        await asyncio.sleep(0)  # now leaving the line
+        deadline = time.monotonic() + 10
+        while not cleanups and time.monotonic() < deadline:
+            await asyncio.sleep(0)  # until the leave is on its way
+        assert cleanups
         task.cancel()  # ... and cancelled while it leaves
         with pytest.raises(asyncio.CancelledError):
             await task
