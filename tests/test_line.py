@@ -7,6 +7,7 @@ its documents through an index however large the collection is.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,55 @@ def test_readers_waiting_behind_a_writer_enter_together(
     )
     for lock in got.values():
         assert lock.release()
+
+
+def test_semaphore_waiters_behind_a_writer_enter_together_up_to_the_limit(
+    manager: LockManager, other: LockManager
+) -> None:
+    writer = manager.acquire("exports", ttl=30)
+    slots = other.semaphore("exports", limit=2)
+    got: dict[int, Any] = {}
+
+    def take(n: int) -> None:
+        try:
+            got[n] = slots.acquire(ttl=30, timeout=20)
+        except MongoLockError as exc:
+            got[n] = exc
+
+    takers = [threading.Thread(target=take, args=(n,)) for n in range(3)]
+    for taker in takers:
+        taker.start()
+    _waiting(manager, "exports", 3)
+    assert writer.release()
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(got) == 2, got  # two slots, taken on the writer's release
+    status = manager.status("exports")
+    assert status is not None
+    assert len(status.live_holders) == 2
+    first = next(iter(got.values()))
+    assert first.release()  # the third waiter takes the slot it frees
+    for taker in takers:
+        taker.join(30)
+    assert not any(taker.is_alive() for taker in takers)
+    assert all(not isinstance(lock, Exception) for lock in got.values()), got
+    for lock in got.values():
+        if lock is not first:
+            assert lock.release()
+
+
+def test_an_async_caller_meets_the_same_limit(manager: LockManager) -> None:
+    async def conflict() -> None:
+        held = await manager.aacquire("exports", shared=True, limit=2, ttl=30)
+        try:
+            with pytest.raises(LimitConflict, match="limit 2"):
+                await manager.aacquire("exports", shared=True, limit=4, timeout=30)
+        finally:
+            await held.arelease()
+            await manager.aclose()
+
+    asyncio.run(conflict())
 
 
 def test_a_reader_does_not_pass_a_writer_waiting_ahead(
