@@ -20,11 +20,17 @@ _DOCS = "https://django-mongolock.readthedocs.io/en/latest/"
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Invalid or unknown ``MONGOLOCK`` values, reported before anything connects."""
-    return [
+    """Invalid or unknown ``MONGOLOCK`` values, reported before anything connects, and a
+    password left where Django shows it."""
+    messages: list[checks.CheckMessage] = [
         checks.Error(problem.msg, hint=problem.hint, id=f"mongolock.{problem.id}")
         for problem in conf.settings_problems()
     ]
+    messages.extend(
+        checks.Warning(problem.msg, hint=problem.hint, id=f"mongolock.{problem.id}")
+        for problem in conf.settings_warnings()
+    )
+    return messages
 
 
 @checks.register(checks.Tags.database)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import unquote_plus
 
 import environ
 from django.conf import settings as django_settings
@@ -26,19 +28,29 @@ from django_mongolock.validation import validate_ttl
 
 __all__ = [
     "DEFAULTS",
+    "ENV_PASSWORD",
     "ENV_URL",
+    "ENV_USERNAME",
     "MongoLockSettings",
     "get_manager",
     "get_settings",
     "reset",
     "settings_problems",
+    "settings_warnings",
 ]
 
 ENV_URL: Final = "MONGOLOCK_URL"
+ENV_USERNAME: Final = "MONGOLOCK_USERNAME"
+ENV_PASSWORD: Final = "MONGOLOCK_PASSWORD"
 
 DEFAULTS: Final[Mapping[str, Any]] = {
     # None: the MONGOLOCK_URL environment variable, else mongodb://localhost:27017/.
     "URL": None,
+    # The user and password, given to the driver apart from the URL. Django masks a
+    # setting named PASSWORD on its error pages; a password inside URL is shown.
+    # None: the MONGOLOCK_USERNAME / MONGOLOCK_PASSWORD environment variables, else none.
+    "USERNAME": None,
+    "PASSWORD": None,
     "DATABASE": "mongolock",
     "COLLECTION": "locks",
     # Lease length in seconds; the refresher extends held leases at about a third of it.
@@ -56,7 +68,10 @@ DEFAULTS: Final[Mapping[str, Any]] = {
 
 @dataclass(frozen=True, slots=True)
 class MongoLockSettings:
-    """The effective settings, with where the URL came from (for error messages)."""
+    """The effective settings, with where the URL came from (for error messages).
+
+    The password, and the raw setting that may hold it, are left out of ``repr``.
+    """
 
     url: str
     url_source: str
@@ -67,11 +82,17 @@ class MongoLockSettings:
     refresh: bool
     owner: str | None
     server_selection_timeout: float
-    raw: Mapping[str, Any]
+    raw: Mapping[str, Any] = field(repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 def _user_settings() -> Any:
     return getattr(django_settings, "MONGOLOCK", {})
+
+
+_FROM_SETTINGS: Final = "MONGOLOCK['URL']"
+_FROM_ENV: Final = f"the {ENV_URL} environment variable"
 
 
 @functools.cache
@@ -80,16 +101,26 @@ def _env_url() -> str | None:
     return value or None
 
 
+def _env_credential(name: str) -> str | None:
+    # Read as is: django-environ would expand a value that starts with "$".
+    return os.environ.get(name) or None
+
+
 @functools.cache
 def get_settings() -> MongoLockSettings:
     """The effective settings; values are not validated here (see ``settings_problems``)."""
     raw = _user_settings()
     user = raw if isinstance(raw, Mapping) else {}
     merged = {**DEFAULTS, **{k: v for k, v in user.items() if k in DEFAULTS}}
+    username, password = merged["USERNAME"], merged["PASSWORD"]
+    if username is None:
+        username = _env_credential(ENV_USERNAME)
+    if password is None:
+        password = _env_credential(ENV_PASSWORD)
     if merged["URL"] is not None:
-        url, source = merged["URL"], "MONGOLOCK['URL']"
+        url, source = merged["URL"], _FROM_SETTINGS
     elif _env_url() is not None:
-        url, source = _env_url(), f"the {ENV_URL} environment variable"
+        url, source = _env_url(), _FROM_ENV
     else:
         url, source = DEFAULT_URL, "the default"
     return MongoLockSettings(
@@ -103,6 +134,8 @@ def get_settings() -> MongoLockSettings:
         owner=merged["OWNER"],
         server_selection_timeout=merged["SERVER_SELECTION_TIMEOUT"],
         raw=user,
+        username=username,
+        password=password,
     )
 
 
@@ -126,6 +159,14 @@ def _check_url(value: Any) -> str | None:
         uri_parser.parse_uri(value)
     except Exception as exc:  # the parser raises several types for bad input
         return f"is not a valid MongoDB URL: {_redact(str(exc))}"
+    return None
+
+
+def _check_credential(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return "must be None or a non-empty str without NUL"
     return None
 
 
@@ -172,7 +213,27 @@ _VALIDATORS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "REFRESH": ("E007", _check_refresh),
     "OWNER": ("E008", _check_owner),
     "SERVER_SELECTION_TIMEOUT": ("E009", _check_ttl),
+    "USERNAME": ("E012", _check_credential),
+    "PASSWORD": ("E012", _check_credential),
 }
+# Where a value came from, for messages: these two may come from the environment.
+_ENV_NAMES: Final[Mapping[str, str]] = {"USERNAME": ENV_USERNAME, "PASSWORD": ENV_PASSWORD}
+
+
+def url_credentials(url: str) -> tuple[bool, bool]:
+    """Whether ``url`` names a user, and whether it holds a (non-empty) password.
+
+    Read as the driver reads it: the user information ends at the last ``@`` before
+    the first ``/``. Works for ``mongodb+srv://`` URLs too, without DNS.
+    """
+    _, sep, rest = url.partition("://")
+    if not sep:
+        return False, False
+    userinfo, at, _ = rest.partition("/")[0].rpartition("@")
+    if not at:
+        return False, False
+    _, _, password = userinfo.partition(":")
+    return True, bool(unquote_plus(password))
 
 
 def settings_problems() -> list[Problem]:
@@ -198,16 +259,112 @@ def settings_problems() -> list[Problem]:
         "REFRESH": current.refresh,
         "OWNER": current.owner,
         "SERVER_SELECTION_TIMEOUT": current.server_selection_timeout,
+        "USERNAME": current.username,
+        "PASSWORD": current.password,
     }
     for name, (check_id, validate) in _VALIDATORS.items():
         error = validate(values[name])
         if error is not None:
             where = current.url_source if name == "URL" else f"MONGOLOCK[{name!r}]"
-            shown = "(hidden)" if name == "URL" else repr(values[name])
+            if name in _ENV_NAMES and raw.get(name) is None:
+                where = f"the {_ENV_NAMES[name]} environment variable"
+            shown = "(hidden)" if name in ("URL", "PASSWORD") else repr(values[name])
             problems.append(
                 Problem(check_id, f"{where} {error}; got {shown}.", f"{hint}#{name.lower()}")
             )
-    return problems
+    return problems + _credential_problems(current, hint + "#credentials")
+
+
+def _credential_problems(current: MongoLockSettings, hint: str) -> list[Problem]:
+    """Credentials the driver would ignore or pick between silently."""
+    url: object = current.url  # may be anything until the URL check has passed
+    if not isinstance(url, str):
+        return []
+    url_user, _ = url_credentials(url)
+    if current.username is not None and url_user:
+        return [
+            Problem(
+                "E013",
+                f"{current.url_source} names a user and a USERNAME is given too; give the "
+                "user and password once, as USERNAME and PASSWORD.",
+                hint,
+            )
+        ]
+    if current.password is not None and current.username is None and not url_user:
+        return [
+            Problem(
+                "E013",
+                "a PASSWORD is given without a USERNAME; the driver would ignore it.",
+                hint,
+            )
+        ]
+    return []
+
+
+def settings_warnings() -> list[Problem]:
+    """A password in plain view: in ``MONGOLOCK['URL']``, which Django's DEBUG error page
+    and ``diffsettings`` show unmasked; or, with ``DEBUG`` on, in the ``MONGOLOCK_URL``
+    environment variable, which the DEBUG page shows among the request's META under
+    ``runserver`` (it copies the environment into every request)."""
+    current = get_settings()
+    url: object = current.url
+    if not isinstance(url, str) or not url_credentials(url)[1]:
+        return []
+    hint = (
+        "Give the user and password as MONGOLOCK['USERNAME'] and MONGOLOCK['PASSWORD'] (or "
+        f"the {ENV_USERNAME} and {ENV_PASSWORD} environment variables) and leave them out "
+        "of the URL. See https://django-mongolock.readthedocs.io/en/latest/configuration/"
+        "#credentials"
+    )
+    if current.url_source == _FROM_SETTINGS:
+        return [
+            Problem(
+                "W003",
+                "MONGOLOCK['URL'] holds a password, which Django shows unmasked: on the "
+                "DEBUG error page and in diffsettings.",
+                hint,
+            )
+        ]
+    if current.url_source == _FROM_ENV and getattr(django_settings, "DEBUG", False):
+        return [
+            Problem(
+                "W003",
+                f"The {ENV_URL} environment variable holds a password, which the DEBUG "
+                "error page shows unmasked among the request's META under runserver.",
+                hint,
+            )
+        ]
+    return []
+
+
+class _Secret(str):
+    """A password whose ``repr`` is masked, as Django masks it.
+
+    The driver keeps it in its credentials object, whose ``repr`` shows up among the
+    local variables that Django's DEBUG error page prints for each frame of a traceback
+    (an authentication failure raised inside the driver has such frames).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'********************'"
+
+
+class _SettingsLockManager(LockManager):
+    """A LockManager that hands the driver the user and password apart from the URL, so
+    they never sit in a string that could be shown."""
+
+    def __init__(
+        self, url: str, *, username: str | None, password: str | None, **options: Any
+    ) -> None:
+        super().__init__(url, **options)
+        self.__credentials = {} if username is None else {"username": username}
+        if username is not None and password is not None:
+            self.__credentials["password"] = _Secret(password)
+
+    def _client_options(self) -> dict[str, Any]:
+        return {**super()._client_options(), **self.__credentials}
 
 
 _manager: LockManager | None = None
@@ -228,8 +385,10 @@ def get_manager() -> LockManager:
                     "invalid MONGOLOCK settings: " + " ".join(p.msg for p in problems)
                 )
             current = get_settings()
-            _manager = LockManager(
+            _manager = _SettingsLockManager(
                 current.url,
+                username=current.username,
+                password=current.password,
                 database=current.database,
                 collection=current.collection,
                 ttl=current.ttl,

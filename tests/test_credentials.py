@@ -8,6 +8,7 @@ log records of every logger at DEBUG, pages, command output) is searched for the
 
 from __future__ import annotations
 
+import html
 import logging
 import subprocess
 import sys
@@ -19,13 +20,16 @@ from typing import Any
 from urllib.parse import quote_plus
 
 import pytest
+from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.test import Client
+from django.test import Client, RequestFactory
+from django.views.debug import SafeExceptionReporterFilter, technical_500_response
 from pymongo import MongoClient
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from django_mongolock import LockManager, MongoLockError
+from django_mongolock import ConfigurationError, LockManager, MongoLockError, conf, locks
+from django_mongolock.checks import check_settings
 from django_mongolock.testing import free_port
 from tests.utils import run_command
 
@@ -212,3 +216,227 @@ def test_a_real_command_line_never_shows_the_password(
             assert done.returncode != 0, output
             assert "127.0.0.1" in output
             assert secrets_in(output, password) == [], output
+
+
+# -- credentials apart from the URL ------------------------------------------------------------
+
+
+@pytest.fixture
+def apart(
+    settings: SettingsWrapper,
+    mongolock_url: str,
+    mongolock_database: str,
+    server_user: None,
+    caplog: pytest.LogCaptureFixture,
+) -> Callable[..., None]:
+    """``apart(password, **more)``: settings with the test user and ``password`` given as
+    USERNAME and PASSWORD, next to a URL without credentials; every log record captured."""
+    caplog.set_level(logging.DEBUG)
+
+    def configure(password: str, **more: Any) -> None:
+        settings.MONGOLOCK = {
+            "URL": mongolock_url,
+            "DATABASE": mongolock_database,
+            "USERNAME": USER,
+            "PASSWORD": password,
+            "SERVER_SELECTION_TIMEOUT": 2,
+            **more,
+        }
+
+    return configure
+
+
+def test_username_and_password_settings_authenticate(apart: Callable[..., None]) -> None:
+    """The server checks given credentials: a wrong password fails, so they were given."""
+    apart(PASSWORD)
+    with locks.lock("apart", ttl=5) as lock:
+        assert lock.valid
+    apart(WRONG)
+    with pytest.raises(MongoLockError, match="Authentication failed") as raised:
+        locks.acquire("apart", ttl=5)
+    assert secrets_in(everything_about(raised.value), WRONG) == []
+
+
+def test_credentials_from_the_environment(
+    settings: SettingsWrapper,
+    mongolock_url: str,
+    mongolock_database: str,
+    server_user: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MONGOLOCK_USERNAME", USER)
+    monkeypatch.setenv("MONGOLOCK_PASSWORD", WRONG)
+    settings.MONGOLOCK = {
+        "URL": mongolock_url,
+        "DATABASE": mongolock_database,
+        "SERVER_SELECTION_TIMEOUT": 2,
+    }
+    with pytest.raises(MongoLockError, match="Authentication failed"):
+        locks.acquire("from-env", ttl=5)
+    monkeypatch.setenv("MONGOLOCK_PASSWORD", PASSWORD)
+    conf.reset()  # the environment is read once, like the settings
+    with locks.lock("from-env", ttl=5) as lock:
+        assert lock.valid
+    assert "PASSWORD" not in str(getattr(settings, "MONGOLOCK", {}))
+    assert check_settings() == []
+
+
+def test_commands_and_the_admin_never_show_a_password_setting(
+    apart: Callable[..., None], admin_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    apart(WRONG)
+    said = [everything_about_command(args) for args in COMMANDS]
+    said.append(admin_client.get("/admin/django_mongolock/lock/").content.decode())
+    said.append(repr(conf.get_settings()) + repr(conf.get_manager()))
+    said.append(repr(conf.get_manager().client.options.pool_options._credentials))
+    text = "\n".join(said)
+    assert "Authentication failed" in text
+    assert secrets_in(text, WRONG) == []
+    assert secrets_in(logged(caplog), WRONG) == []
+
+
+COMMANDS = [
+    ("migrate_mongolock", "--check"),
+    ("mongolock", "list", "--all"),
+    ("mongolock", "status", "k", "--json"),
+    ("mongolock", "release", "k"),
+]
+
+
+def everything_about_command(args: tuple[str, ...]) -> str:
+    return "\n".join(map(str, run_command(*args, verbosity=3)))
+
+
+# -- what Django's DEBUG error page shows --------------------------------------------------------
+
+
+def debug_page(settings: SettingsWrapper) -> str:
+    """Django's technical 500 page for an error in a request, as DEBUG = True shows it."""
+    settings.DEBUG = True
+    request = RequestFactory().get("/")
+    try:
+        raise RuntimeError("a view failed")
+    except RuntimeError:
+        response = technical_500_response(request, *sys.exc_info())
+    return html.unescape(response.content.decode())
+
+
+def test_the_debug_page_masks_the_password_setting(
+    settings: SettingsWrapper, mongolock_url: str
+) -> None:
+    settings.MONGOLOCK = {"URL": mongolock_url, "USERNAME": USER, "PASSWORD": PASSWORD}
+    safe = SafeExceptionReporterFilter().get_safe_settings()["MONGOLOCK"]
+    assert safe["PASSWORD"] == SafeExceptionReporterFilter.cleansed_substitute
+    assert safe["USERNAME"] == USER
+    page = debug_page(settings)
+    assert "MONGOLOCK" in page
+    assert USER in page
+    assert secrets_in(page, PASSWORD) == []
+
+
+def test_the_debug_page_shows_a_password_in_the_url(
+    settings: SettingsWrapper, mongolock_url: str
+) -> None:
+    """Why W003 exists: Django masks no part of a URL."""
+    settings.MONGOLOCK = {"URL": with_credentials(mongolock_url, PASSWORD)}
+    assert PASSWORD in debug_page(settings)
+    assert [message.id for message in check_settings()] == ["mongolock.W003"]
+
+
+def test_the_debug_page_masks_the_password_variable_but_not_the_url_variable() -> None:
+    """Under runserver the request's META holds the whole environment (wsgiref copies it):
+    MONGOLOCK_PASSWORD is masked there, a password inside MONGOLOCK_URL is not."""
+    meta = {
+        "MONGOLOCK_PASSWORD": PASSWORD,
+        "MONGOLOCK_URL": with_credentials("mongodb://db.example/", WRONG),
+    }
+    request = RequestFactory().get("/")
+    request.META.update(meta)
+    safe = SafeExceptionReporterFilter().get_safe_request_meta(request)
+    assert safe["MONGOLOCK_PASSWORD"] == SafeExceptionReporterFilter.cleansed_substitute
+    assert WRONG in safe["MONGOLOCK_URL"]
+
+
+def test_the_driver_credentials_do_not_show_the_password(apart: Callable[..., None]) -> None:
+    """Error reporters print the local variables of each frame, the driver's included."""
+    apart(PASSWORD)
+    credentials = conf.get_manager().client.options.pool_options._credentials
+    assert credentials is not None
+    assert credentials.username == USER
+    assert PASSWORD not in repr(credentials)
+    assert str(credentials.password) == PASSWORD
+
+
+def test_diffsettings_never_sees_a_password_from_the_environment(
+    settings: SettingsWrapper, monkeypatch: pytest.MonkeyPatch, mongolock_url: str
+) -> None:
+    """diffsettings prints every setting unmasked: the environment keeps it out."""
+    monkeypatch.setenv("MONGOLOCK_PASSWORD", PASSWORD)
+    settings.MONGOLOCK = {"URL": mongolock_url, "USERNAME": USER}
+    out, _, code = run_command("diffsettings")
+    assert code == 0
+    assert "MONGOLOCK" in out
+    assert PASSWORD not in out
+    assert conf.get_settings().password == PASSWORD
+
+
+# -- the system checks -----------------------------------------------------------------------
+
+
+def test_the_check_warns_of_a_password_in_the_url_setting(settings: SettingsWrapper) -> None:
+    settings.MONGOLOCK = {"URL": "mongodb://app:s3cret@db1,db2/?replicaSet=rs"}
+    (warning,) = check_settings()
+    assert isinstance(warning, checks.Warning)
+    assert warning.id == "mongolock.W003"
+    assert "s3cret" not in warning.msg
+    assert warning.hint is not None
+    assert warning.hint.endswith("/configuration/#credentials")
+    registered = checks.run_checks()
+    assert "mongolock.W003" in [message.id for message in registered]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mongodb://db1,db2/?replicaSet=rs",
+        "mongodb://app@db1/?authMechanism=MONGODB-X509",
+        "mongodb://app:@db1/",
+        "mongodb://db1/?replicaSet=rs&appName=a:b@c",
+    ],
+)
+def test_no_warning_without_a_password_in_the_url(settings: SettingsWrapper, url: str) -> None:
+    settings.MONGOLOCK = {"URL": url}
+    assert [message.id for message in check_settings()] == []
+
+
+def test_the_check_warns_of_a_password_in_the_url_variable_only_with_debug(
+    settings: SettingsWrapper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MONGOLOCK_URL", "mongodb+srv://app:s3cret@cluster.example/")
+    settings.MONGOLOCK = {}
+    settings.DEBUG = False
+    assert check_settings() == []
+    settings.DEBUG = True
+    (warning,) = check_settings()
+    assert warning.id == "mongolock.W003"
+    assert "MONGOLOCK_URL" in warning.msg
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"USERNAME": ""}, "mongolock.E012"),
+        ({"USERNAME": "app", "PASSWORD": 1234}, "mongolock.E012"),
+        ({"PASSWORD": "s3cret"}, "mongolock.E013"),
+        ({"URL": "mongodb://app:s3cret@db/", "USERNAME": "other"}, "mongolock.E013"),
+    ],
+)
+def test_credentials_the_driver_would_misread_are_errors(
+    settings: SettingsWrapper, value: dict[str, Any], expected: str
+) -> None:
+    settings.MONGOLOCK = value
+    errors = [message for message in check_settings() if isinstance(message, checks.Error)]
+    assert [message.id for message in errors] == [expected]
+    assert all("s3cret" not in message.msg and "1234" not in message.msg for message in errors)
+    with pytest.raises(ConfigurationError, match="invalid MONGOLOCK settings"):
+        conf.get_manager()
