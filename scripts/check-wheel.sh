@@ -76,6 +76,18 @@ case "$location" in
     "$WORK/venv/lib/"*/site-packages/django_mongolock/__init__.py) ;;
     *) fail "django_mongolock does not come from the installed wheel: $location" ;;
 esac
+# The version users see is the one the wheel was built with.
+"$PY" - "$(basename "$wheel")" <<'EOF'
+import sys
+from importlib.metadata import version
+
+import django_mongolock
+
+built = sys.argv[1].split("-")[1]
+found = (django_mongolock.__version__, version("django-mongolock"))
+assert found == (built, built), f"__version__ and metadata {found}, wheel {built}"
+print(f"django_mongolock.__version__ == {built!r}, the built wheel's")
+EOF
 
 step "A real mongod: python -m django_mongolock.testing serve"
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -122,6 +134,17 @@ for file in $(cd "$WORK/src/django_mongolock/static" && find . -type f | sed 's|
     esac
 done
 
+step "The app's templates load from the wheel"
+"$PY" manage.py shell -v 0 -c "
+from pathlib import Path
+from django.template.loader import get_template
+src = Path('$WORK/src/django_mongolock/templates')
+for path in sorted(p for p in src.rglob('*.html')):
+    origin = get_template(path.relative_to(src).as_posix()).origin.name
+    assert '/site-packages/django_mongolock/templates/' in origin, origin
+    print(path.relative_to(src), 'ok')
+"
+
 step "A locked command, twice at once: one holds the lock, the other exits 75"
 "$PY" manage.py report_gen --seconds 20 >"$WORK/holder.log" 2>&1 &
 holder=$!
@@ -139,6 +162,12 @@ cat "$WORK/second.log"
 kill -INT "$holder" 2>/dev/null || true
 wait "$holder" 2>/dev/null || true
 holder=
-"$PY" manage.py report_gen --seconds 0.5
+"$PY" manage.py report_gen --seconds 0.5 | tee "$WORK/third.log"
+# The next holder's fencing token is larger than the first one's.
+first=$(sed -n "s/.*fencing token \([0-9]*\).*/\1/p" "$WORK/holder.log" | head -n1)
+third=$(sed -n "s/.*fencing token \([0-9]*\).*/\1/p" "$WORK/third.log" | head -n1)
+[ -n "$first" ] && [ -n "$third" ] && "$PY" -c "import sys; sys.exit(not int('$third') > int('$first'))" \
+    || fail "fencing tokens did not grow: $first then $third"
+echo "fencing tokens grew: $first < $third"
 echo
 echo "check-wheel: OK ($(basename "$wheel"))"
