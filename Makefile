@@ -72,11 +72,11 @@ test-reliability: system-deps venv
 # The suite on every supported Python x Django x pymongo row, each on a fresh clone of HEAD
 # (scripts/matrix.sh; docs/contributing.md). Python 3.13 and 3.14 run in minimal Debian roots
 # that scripts/chroot.sh builds once (as root). MATRIX_ROWS="a b" runs some rows only.
-test-matrix:
+test-matrix: system-deps
 	bash scripts/matrix.sh
 
 # The built wheel in a clean venv: contents, manage.py check, migrate_mongolock, a locked command.
-check-wheel:
+check-wheel: system-deps
 	bash scripts/check-wheel.sh
 
 demo: venv
