@@ -14,6 +14,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -43,6 +44,17 @@ from django_mongolock.watcher import Watcher
 __all__ = ["DEFAULT_URL", "LockManager"]
 
 logger = logging.getLogger("django_mongolock.manager")
+
+# Every manager of this process, so that a forked child can renew their mutexes.
+_managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
+
+
+def _renew_managers_in_child() -> None:
+    for manager in list(_managers):
+        manager._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_renew_managers_in_child)
 
 DEFAULT_URL = "mongodb://localhost:27017/"
 
@@ -116,9 +128,16 @@ class LockManager:
         # client refers to its loop, so weak keys would never let go: a plain dict.
         self._astores: dict[asyncio.AbstractEventLoop, tuple[AsyncLockStore, _Closer]] = {}
         self._astores_mutex = threading.Lock()
+        _managers.add(self)
 
     def __repr__(self) -> str:
         return f"<LockManager {self.database}.{self.collection}>"
+
+    def _after_fork_in_child(self) -> None:
+        """New mutexes (a parent's thread may have held one at the fork), no async clients."""
+        self._build_mutex = threading.Lock()
+        self._astores_mutex = threading.Lock()
+        self._astores = {}
 
     # -- connection --------------------------------------------------------------------------
 

@@ -282,25 +282,29 @@ def test_a_lock_that_is_not_refreshed_is_announced_lost_at_its_deadline(
 
 
 def _child_uses_a_lock_whose_mutex_was_held(lock: Lock, queue: Any) -> None:
+    manager: LockManager = lock._manager
+    own = manager.acquire("forked-child-own", ttl=5, blocking=False)
     queue.put(
         {
             "valid": lock.valid,
             "lost": lock.lost.is_set(),
             "released": lock.release(),
-            "refresher": len(get_refresher()),
+            "refresher": len(get_refresher()) - 1,
+            "own": own.token > lock.token and own.release(),
             "pid": os.getpid(),
         }
     )
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_a_fork_while_a_lock_mutex_is_held_does_not_deadlock_the_child(
+def test_a_fork_while_lock_and_manager_mutexes_are_held_does_not_deadlock_the_child(
     manager: LockManager,
 ) -> None:
     lock = manager.acquire("forked-mutex", ttl=5)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    with lock._mutex:  # as a refresher or notice thread may hold it at the fork
+    # As the refresher, a notice worker or another acquiring thread may hold them at the fork.
+    with lock._mutex, manager._build_mutex, manager._astores_mutex:
         child = context.Process(target=_child_uses_a_lock_whose_mutex_was_held, args=(lock, queue))
         child.start()
     try:
@@ -315,6 +319,7 @@ def test_a_fork_while_a_lock_mutex_is_held_does_not_deadlock_the_child(
         "lost": True,
         "released": False,
         "refresher": 0,
+        "own": True,
         "pid": result["pid"],
     }
     assert result["pid"] != os.getpid()
