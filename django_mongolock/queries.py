@@ -359,12 +359,13 @@ def _acquire_command(
         projection["position"] = {"$indexOfArray": [place, _ME]}
     # One stage: a busy key without a queue comes back unchanged, which the server
     # does not write at all. The same request sent again (after a lost reply) finds its
-    # own live lease and changes nothing, so the caller reads the lock it already took;
-    # sent after this acquisition ended (released, given back), it changes nothing either.
+    # own lease and changes nothing: live, the caller reads the lock it already took;
+    # ended (lapsed, or released and recorded in ``ended``), it is not taken again, so
+    # one acquisition never gets two leases, nor the key after its release.
     if shared:
-        held_already: Any = {"$in": [_ME, "$$h.owner"]}
+        held_already: Any = {"$in": [_ME, {"$ifNull": ["$holders.owner", []]}]}
     else:
-        held_already = {"$and": [{"$eq": ["$owner", _ME]}, LIVE]}
+        held_already = {"$eq": ["$owner", _ME]}
     busy = _queue_busy(shared) if queue else "$$ROOT"
     decide = {
         "$switch": {

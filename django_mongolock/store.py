@@ -37,6 +37,7 @@ from django_mongolock import queries
 from django_mongolock.exceptions import (
     LimitConflict,
     LineFull,
+    LockNotAcquired,
     MongoLockError,
     ReplicaSetRequired,
     ServerUnavailable,
@@ -273,21 +274,38 @@ def _refused(
 
     A limit other than the live holders' (LimitConflict), a full list of shared holders
     or a full line of waiters (LineFull): the acquire changed nothing, and a blocking
-    caller must not wait for a place it will never get.
+    caller must not wait for a place it will never get. A request that found the lease
+    it took already ended (its reply was lost, and the retry came after the lease end)
+    gets LockNotAcquired: that acquisition is over, and is not taken twice.
     """
     if shared:
         if info.as_holder(owner) is not None:
             return info
+        for holder in info.holders:
+            if holder.owner == owner:
+                raise _ended(info.key, owner, holder.expires_at)
         live = info.live_holders
         if live and info.limit != limit:
             raise LimitConflict(info.key, info.limit, limit)
         if len(live) >= queries.MAX_HOLDERS:
             raise LineFull(info.key, queries.MAX_HOLDERS, "shared holders")
     elif info.owner == owner:
-        return info
+        if info.live:
+            return info
+        raise _ended(info.key, owner, info.expires_at)
     if queue and info.position < 0 and info.waiting >= queries.MAX_WAITERS:
         raise LineFull(info.key, queries.MAX_WAITERS, "waiters")
     return info
+
+
+def _ended(key: str, owner: str, expires_at: datetime) -> LockNotAcquired:
+    """The acquisition ``owner`` took a lease whose end passed before its reply arrived."""
+    error = LockNotAcquired(key)
+    error.args = (
+        f"lock {key!r}: the lease acquisition {owner} took ended at "
+        f"{expires_at.isoformat()} (server time) before its reply came back; acquire again",
+    )
+    return error
 
 
 def _released_live(doc: Mapping[str, Any] | None) -> bool:

@@ -219,20 +219,36 @@ def test_a_late_duplicate_of_an_acquire_cannot_take_the_key_after_its_release(
     assert lock.release()
 
 
-def test_a_retried_shared_acquire_never_returns_an_ended_lease(retrying: LockManager) -> None:
-    """The retry arrives after the lease its first send took has ended: it gets a live one."""
+def test_a_late_duplicate_cannot_take_the_key_after_a_release_that_found_it_ended(
+    retrying: LockManager,
+) -> None:
     store = retrying.store
     owner = retrying.new_owner()
-    store.acquire("job", owner, 0.2, shared=True)
+    info = store.acquire("job", owner, 0.2)
     time.sleep(0.4)
-    again = store.acquire("job", owner, 30.0, shared=True)
-    mine = again.as_holder(owner)
-    assert mine is not None
-    assert mine.expires_at > mine.now
-    doc = store.collection.find_one({"_id": "job"})
-    assert doc is not None
-    assert [entry["owner"] for entry in doc["holders"]] == [owner]
-    assert store.release("job", owner, mine.token, shared=True)
+    before = store.collection.find_one({"_id": "job"})
+    assert store.release("job", owner, info.token) is False  # its lease had ended
+    _send_again(retrying, "job", owner, 30.0)
+    assert store.collection.find_one({"_id": "job"}) == before
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_a_retry_that_finds_its_lease_ended_returns_no_lease(
+    retrying: LockManager, shared: bool
+) -> None:
+    """The retry arrives after the lease its first send took has ended: the acquisition
+    is over. It neither returns that ended lease nor takes a second one."""
+    store = retrying.store
+    owner = retrying.new_owner()
+    store.acquire("job", owner, 0.2, shared=shared)
+    time.sleep(0.4)
+    before = store.collection.find_one({"_id": "job"})
+    with pytest.raises(LockNotAcquired, match=r"ended .* before its reply came back"):
+        store.acquire("job", owner, 30.0, shared=shared, queue=True)
+    assert store.collection.find_one({"_id": "job"}) == before
+    # A new acquisition takes the key as usual.
+    lock = retrying.acquire("job", ttl=30, shared=shared, blocking=False)
+    assert lock.release()
 
 
 def test_a_retried_acquire_whose_first_send_took_the_lock_and_lost_the_reply_late(
