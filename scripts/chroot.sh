@@ -39,6 +39,17 @@ say() { printf '[chroot %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 need_root() { [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, mount)"; }
 
+# One user of a root at a time: a run's exit trap unmounts everything under the root, which
+# would pull /proc from under another run. The lock file sits beside the root.
+lock_root() {
+    local root=$1
+    exec 9>"$root.lock"
+    if ! flock -n 9; then
+        say "waiting for another user of $root"
+        flock 9
+    fi
+}
+
 # Every mount point at or below $1, deepest first (so they unmount in order).
 mounts_under() {
     local dir=$1
@@ -126,6 +137,7 @@ build() {
     mkdir -p "$(dirname "$root")"
     root=$(cd "$(dirname "$root")" && pwd)/$(basename "$root")
     stamp="suite=$suite recipe=$RECIPE packages=$PACKAGES apt=$APT_PACKAGES"
+    lock_root "$root"
     if [ -f "$root/.matrix-root" ] && [ "$(cat "$root/.matrix-root")" = "$stamp" ]; then
         say "$suite root at $root is ready (cached)"
         configure_root "$root"
@@ -165,6 +177,8 @@ run() {
     shift
     need_root
     [ -f "$root/.matrix-root" ] || die "$root is not a finished root: run '$0 build SUITE $root' first"
+    root=$(cd "$root" && pwd)
+    lock_root "$root"
     run_in "$root" "$@"
 }
 
@@ -198,7 +212,10 @@ case "${1:-}" in
         [ $# -eq 1 ] || die "usage: $0 remove DIR"
         need_root
         [ -e "$1" ] || exit 0
-        remove_root "$(cd "$1" && pwd)"
+        dir=$(cd "$1" && pwd)
+        lock_root "$dir"
+        remove_root "$dir"
+        rm -f "$dir.lock"
         ;;
     *) die "usage: $0 build SUITE DIR | run DIR CMD [ARG...] | remove DIR" ;;
 esac
