@@ -29,6 +29,7 @@ from pymongo.errors import PyMongoError
 from django_mongolock.testing import MongoReplicaSet, ReplicaSetError
 from tests.reliability.agents import RESOURCE
 from tests.reliability.fenced import FencedResource
+from tests.reliability.proxy import TcpProxy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -409,6 +410,14 @@ def net_agents(log_dir: Path) -> Iterator[NetSpawn]:
     finally:
         for agent in started:
             agent.cleanup()
+
+
+@pytest.fixture(scope="module")
+def proxy(lone: MongoReplicaSet) -> Iterator[TcpProxy]:
+    """A :class:`TcpProxy` in front of the module's single-node set, passing traffic at first."""
+    node = lone.nodes[0]
+    with TcpProxy((node.host, node.port), name="lone-link") as link:
+        yield link
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ class Notices:
     def __init__(self, out: Output) -> None:
         self.out = out
         self.names: dict[str, str] = {}  # key -> name
+        self.watchers: list[threading.Thread] = []
         lock_lost.connect(self._signal, weak=False)
         lock_acquired.connect(self._acquired, weak=False)
 
@@ -75,12 +76,21 @@ class Notices:
         event = lock.lost  # built here, before any loss
 
         def wait() -> None:
+            # A release that finds the lease gone sets the event after ``released``.
             while not event.wait(0.5):
-                if lock.released:
+                if lock.released and not event.wait(2.0):
                     return
             self.emit("event", lock, name)
 
-        threading.Thread(target=wait, name=f"lost-{name}", daemon=True).start()
+        watcher = threading.Thread(target=wait, name=f"lost-{name}", daemon=True)
+        self.watchers.append(watcher)
+        watcher.start()
+
+    def settle(self, timeout: float = 3.0) -> None:
+        """Let the ``lost`` watchers report before the process ends."""
+        deadline = now() + timeout
+        for watcher in self.watchers:
+            watcher.join(max(0.0, deadline - now()))
 
     def on_lost(self, name: str) -> Callable[[Lock], None]:
         return lambda lock: self.emit("on_lost", lock, name)
@@ -225,11 +235,14 @@ def run_rpc(config: dict[str, Any], out: Output) -> int:
 
 
 def run_worker(config: dict[str, Any], out: Output) -> int:
-    """Acquire, hold while checking ``valid``, release; report every step until told to stop.
+    """Acquire, hold, release; report every step until told to stop.
 
-    ``held_until`` of an acquisition is the last moment its holder saw it valid, and every
-    call reports when it was sent and when it returned, so the test can check that no two
-    processes held the key at once and that no call outlived its timeout.
+    The worker holds each lock by waiting on its ``lost`` event, as code that relies on
+    the notices does (it never looks at ``valid``, which would find a lapsed lease by
+    itself). Every call reports when it was sent and when it returned, and every loss
+    notice when it came (with the lock's token), so the test can check that no process
+    believed it held the key once another had taken it, and that no call outlived its
+    timeout.
     """
     rng = random.Random(config["seed"])
     stop = threading.Event()
@@ -243,81 +256,39 @@ def run_worker(config: dict[str, Any], out: Output) -> int:
     threading.Thread(target=watch, name="stdin", daemon=True).start()
     manager = _manager(config)
     notices = Notices(out)
-    key, ttl = config["key"], config["ttl"]
+    key, ttl, worker = config["key"], config["ttl"], config["name"]
+    notices.watch(key, worker)
     out.emit({"event": "ready", "pid": os.getpid()})
-    number = 0
     try:
         while not stop.is_set():
-            number += 1
-            name = f"{config['name']}-{number}"
-            notices.watch(key, name)
             sent = now()
             try:
                 lock = manager.acquire(
-                    key, ttl=ttl, timeout=config["acquire_timeout"], on_lost=notices.on_lost(name)
+                    key,
+                    ttl=ttl,
+                    timeout=config["acquire_timeout"],
+                    on_lost=notices.on_lost(worker),
                 )
             except MongoLockError as exc:
-                busy = isinstance(exc, LockNotAcquired)
-                out.emit(
-                    {
-                        "event": "busy" if busy else "error",
-                        "op": "acquire",
-                        "sent": sent,
-                        "done": now(),
-                        **_error(exc),
-                    }
-                )
+                kind = "busy" if isinstance(exc, LockNotAcquired) else "error"
+                failed = {"event": kind, "op": "acquire", "sent": sent, "done": now()}
+                out.emit({**failed, **_error(exc)})
                 stop.wait(0.05)
                 continue
-            done = now()
-            out.emit(
-                {
-                    "event": "acquired",
-                    "name": name,
-                    "token": lock.token,
-                    "sent": sent,
-                    "done": done,
-                    "deadline": lock.deadline,
-                }
-            )
-            held_until = None
-            until = done + rng.uniform(0.5, config["hold"])
-            while now() < until and not stop.is_set():
-                at = now()
-                if not lock.valid:
-                    break
-                held_until = at
-                stop.wait(0.02)
+            acquired = {"event": "acquired", "token": lock.token, "sent": sent, "done": now()}
+            out.emit({**acquired, "deadline": lock.deadline})
+            lost = lock.lost.wait(rng.uniform(0.3, config["hold"]))
             sent = now()
+            released: dict[str, Any] = {"event": "released", "token": lock.token, "lost": lost}
             try:
-                held = lock.release()
-                out.emit(
-                    {
-                        "event": "released",
-                        "name": name,
-                        "token": lock.token,
-                        "held_until": held_until,
-                        "held": held,
-                        "sent": sent,
-                        "done": now(),
-                    }
-                )
+                released["held"] = lock.release()
             except MongoLockError as exc:
-                out.emit(
-                    {
-                        "event": "released",
-                        "name": name,
-                        "token": lock.token,
-                        "held_until": held_until,
-                        "held": None,
-                        "sent": sent,
-                        "done": now(),
-                        **_error(exc),
-                    }
-                )
+                released.update(held=None, **_error(exc))
+            out.emit({**released, "sent": sent, "done": now()})
             stop.wait(rng.uniform(0.0, 0.2))
     finally:
         manager.close()
+        notices.settle()
     out.emit({"event": "done"})
     return 0
 

@@ -60,13 +60,6 @@ RESULTS: dict[str, list[dict[str, Any]]] = {}
 
 
 @pytest.fixture(scope="module")
-def proxy(lone: MongoReplicaSet) -> Iterator[TcpProxy]:
-    node = lone.nodes[0]
-    with TcpProxy((node.host, node.port), name="holder-link") as link:
-        yield link
-
-
-@pytest.fixture(scope="module")
 def pair(
     lone: MongoReplicaSet, proxy: TcpProxy, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[NetAgent, NetAgent, str]]:
@@ -317,7 +310,7 @@ class Notices:
 
     def _wait(self, lock: Lock, event: threading.Event) -> None:
         while not event.wait(0.5):
-            if lock.released:
+            if lock.released and not event.wait(2.0):
                 return
         self.note(lock.key, "event")
 
