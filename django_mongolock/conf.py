@@ -280,13 +280,21 @@ def _credential_problems(current: MongoLockSettings, hint: str) -> list[Problem]
     url: object = current.url  # may be anything until the URL check has passed
     if not isinstance(url, str):
         return []
-    url_user, _ = url_credentials(url)
-    if current.username is not None and url_user:
+    url_user, url_password = url_credentials(url)
+    twice = [
+        what
+        for what, in_url, given in (
+            ("a user", url_user, current.username),
+            ("a password", url_password, current.password),
+        )
+        if in_url and given is not None
+    ]
+    if twice:
         return [
             Problem(
                 "E013",
-                f"{current.url_source} names a user and a USERNAME is given too; give the "
-                "user and password once, as USERNAME and PASSWORD.",
+                f"{current.url_source} holds {' and '.join(twice)}, and USERNAME or PASSWORD "
+                "gives them again; give the user and password once, as USERNAME and PASSWORD.",
                 hint,
             )
         ]
@@ -359,8 +367,11 @@ class _SettingsLockManager(LockManager):
         self, url: str, *, username: str | None, password: str | None, **options: Any
     ) -> None:
         super().__init__(url, **options)
-        self.__credentials = {} if username is None else {"username": username}
-        if username is not None and password is not None:
+        # A password alone goes with the user named in the URL (checked: mongolock.E013).
+        self.__credentials: dict[str, str] = {}
+        if username is not None:
+            self.__credentials["username"] = username
+        if password is not None:
             self.__credentials["password"] = _Secret(password)
 
     def _client_options(self) -> dict[str, Any]:

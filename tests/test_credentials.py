@@ -257,6 +257,24 @@ def test_username_and_password_settings_authenticate(apart: Callable[..., None])
     assert secrets_in(everything_about(raised.value), WRONG) == []
 
 
+def test_a_password_apart_from_the_user_named_in_the_url(
+    settings: SettingsWrapper, mongolock_url: str, mongolock_database: str, server_user: None
+) -> None:
+    scheme, rest = mongolock_url.split("://", 1)
+    settings.MONGOLOCK = {
+        "URL": f"{scheme}://{USER}@{rest}",
+        "DATABASE": mongolock_database,
+        "PASSWORD": WRONG,
+        "SERVER_SELECTION_TIMEOUT": 2,
+    }
+    assert check_settings() == []
+    with pytest.raises(MongoLockError, match="Authentication failed"):
+        locks.acquire("user-in-url", ttl=5)
+    settings.MONGOLOCK = {**settings.MONGOLOCK, "PASSWORD": PASSWORD}
+    with locks.lock("user-in-url", ttl=5) as lock:
+        assert lock.valid
+
+
 def test_credentials_from_the_environment(
     settings: SettingsWrapper,
     mongolock_url: str,
@@ -429,6 +447,7 @@ def test_the_check_warns_of_a_password_in_the_url_variable_only_with_debug(
         ({"USERNAME": "app", "PASSWORD": 1234}, "mongolock.E012"),
         ({"PASSWORD": "s3cret"}, "mongolock.E013"),
         ({"URL": "mongodb://app:s3cret@db/", "USERNAME": "other"}, "mongolock.E013"),
+        ({"URL": "mongodb://app:s3cret@db/", "PASSWORD": "s3cret"}, "mongolock.E013"),
     ],
 )
 def test_credentials_the_driver_would_misread_are_errors(
