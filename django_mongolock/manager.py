@@ -13,7 +13,6 @@ import random
 import secrets
 import socket
 import threading
-import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI
 
+from django_mongolock import clock
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
@@ -372,7 +372,7 @@ class LockManager:
     ) -> Lock:
         store = self.store
         if wait == 0:
-            sent_at = time.monotonic()
+            sent_at = clock.now()
             info = request.attempt(store, queue=False)
             mine = request.taken(info)
             if mine is None:
@@ -381,7 +381,7 @@ class LockManager:
             # Subscribe before the first attempt: a release right after it must wake us.
             with self.waiters.subscribe(request.key) as wake:
                 try:
-                    sent_at = time.monotonic()
+                    sent_at = clock.now()
                     info = request.attempt(store, queue=True)
                     mine = request.taken(info)
                     if mine is None:
@@ -469,20 +469,20 @@ class LockManager:
             delay = _within(wanted, deadline)
             if delay is None:
                 self._leave_queue(request.key, request.owner)
-                raise _busy(info, waited=time.monotonic() - started)
-            wake_at = time.monotonic() + delay
+                raise _busy(info, waited=clock.now() - started)
+            wake_at = clock.now() + delay
             needed = _releases_needed(info, request.shared)
-            while (left := wake_at - time.monotonic()) > 0 and wake.wait(left):
+            while (left := wake_at - clock.now()) > 0 and wake.wait(left):
                 if wake.count - seen >= needed:
                     break
                 # A release that a waiter ahead of us takes; if that waiter is gone, its
                 # place lapses within the grace period: look again by then.
                 wake.clear()
-                wake_at = min(wake_at, time.monotonic() + _BEHIND_IN_LINE)
+                wake_at = min(wake_at, clock.now() + _BEHIND_IN_LINE)
             wake.clear()
             watcher.ensure_running()
             seen = wake.count
-            sent_at = time.monotonic()
+            sent_at = clock.now()
             info = request.attempt(store, queue=True)
             mine = request.taken(info)
             if mine is not None:
@@ -511,7 +511,7 @@ class LockManager:
         check_callback("on_lost", on_lost)
         store = await self._astore()
         if wait == 0:
-            sent_at = time.monotonic()
+            sent_at = clock.now()
             info = await _shielded(store, request, queue=False)
             mine = request.taken(info)
             if mine is None:
@@ -519,7 +519,7 @@ class LockManager:
         else:
             with self.waiters.subscribe_async(request.key) as wake:
                 try:
-                    sent_at = time.monotonic()
+                    sent_at = clock.now()
                     info = await _shielded(store, request, queue=True)
                     mine = request.taken(info)
                     if mine is None:
@@ -557,10 +557,10 @@ class LockManager:
             delay = _within(wanted, deadline)
             if delay is None:
                 await _leave_line(store, request)
-                raise _busy(info, waited=time.monotonic() - started)
-            wake_at = time.monotonic() + delay
+                raise _busy(info, waited=clock.now() - started)
+            wake_at = clock.now() + delay
             needed = _releases_needed(info, request.shared)
-            while (left := wake_at - time.monotonic()) > 0:
+            while (left := wake_at - clock.now()) > 0:
                 try:
                     await asyncio.wait_for(wake.wait(), left)
                 except TimeoutError:
@@ -568,11 +568,11 @@ class LockManager:
                 if wake.count - seen >= needed:
                     break
                 wake.clear()
-                wake_at = min(wake_at, time.monotonic() + _BEHIND_IN_LINE)
+                wake_at = min(wake_at, clock.now() + _BEHIND_IN_LINE)
             wake.clear()
             watcher.ensure_running()
             seen = wake.count
-            sent_at = time.monotonic()
+            sent_at = clock.now()
             info = await _shielded(store, request, queue=True)
             mine = request.taken(info)
             if mine is not None:
@@ -982,7 +982,7 @@ def _within(delay: float, deadline: float | None) -> float | None:
     """``delay`` cut to the caller's deadline; None once the deadline has passed."""
     if deadline is None:
         return delay
-    left = deadline - time.monotonic()
+    left = deadline - clock.now()
     return None if left <= 0 else min(delay, left)
 
 

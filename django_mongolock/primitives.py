@@ -13,11 +13,11 @@ import collections
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
@@ -165,11 +165,11 @@ class LockGroup:
         wait = validate_timeout(timeout, blocking=blocking)
         keep = manager._keep(refresh)
         group_id = secrets.token_hex(8)
-        deadline = None if wait is None else time.monotonic() + wait
+        deadline = None if wait is None else clock.now() + wait
         taken: list[Lock] = []
         try:
             for key in ordered:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                left = None if deadline is None else max(0.0, deadline - clock.now())
                 request = manager._request(key, ttl, False, None, tags={"group": group_id})
                 taken.append(manager._acquire(request, left, keep, None))
         except BaseException:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
+from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class Watcher:
     def _run(self) -> None:
         resume_token: Any = None
         failures = 0
-        idle_since = time.monotonic()
+        idle_since = clock.now()
         while not self._stop.is_set():
             try:
                 store = self._store_of()
@@ -111,7 +112,7 @@ class Watcher:
                     max_await_time_ms=round(MAX_AWAIT * 1000),
                     resume_after=resume_token,
                 ) as stream:
-                    self._healthy_since = time.monotonic()
+                    self._healthy_since = clock.now()
                     self.opened += 1
                     if failures:
                         logger.info("change stream resumed; waiters are woken by releases again")
@@ -127,8 +128,8 @@ class Watcher:
                                 time.sleep(0)
                             continue
                         if len(self.waiters):
-                            idle_since = time.monotonic()
-                        elif time.monotonic() - idle_since > IDLE_EXIT:
+                            idle_since = clock.now()
+                        elif clock.now() - idle_since > IDLE_EXIT:
                             return
             except (PyMongoError, MongoLockError) as exc:
                 if isinstance(exc, OperationFailure) and exc.code in _HISTORY_LOST:

@@ -4,8 +4,8 @@ Each agent is a real process with its own pymongo client, refresher and watcher,
 can kill it (SIGKILL), freeze it (SIGSTOP) or run it under libfaketime. Agents talk JSON
 lines: ``rpc`` answers one command per stdin line (and reports lost locks as they happen);
 ``contender`` and ``counter`` run a workload until told to stop, reporting every operation.
-Times are ``time.monotonic()``, which is CLOCK_MONOTONIC and so comparable between the
-processes of one machine.
+Times are ``clock.now()`` (CLOCK_BOOTTIME, the clock of lock deadlines), comparable between
+the processes of one machine.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any, TextIO  # noqa: E402
 from pymongo import MongoClient  # noqa: E402
 from pymongo.errors import PyMongoError  # noqa: E402
 
-from django_mongolock import Lock, LockManager, LockNotAcquired, MongoLockError  # noqa: E402
+from django_mongolock import Lock, LockManager, LockNotAcquired, MongoLockError, clock  # noqa: E402
 from django_mongolock.refresher import get_refresher  # noqa: E402
 from tests.reliability.fenced import FencedResource  # noqa: E402
 
@@ -55,7 +55,7 @@ RESOURCE = "resource"
 
 
 def now() -> float:
-    return time.monotonic()
+    return clock.now()
 
 
 class Output:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from django_mongolock import clock
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Record, Spawn, agent_config
 from tests.reliability.fenced import FencedResource
@@ -37,7 +38,7 @@ def test_a_killed_holder_is_succeeded_within_ttl_and_one_tick_with_a_greater_tok
     assert not [m for m in waiter.messages if m.get("reply") == waiting], "the waiter got it early"
 
     holder.kill()
-    killed_at = time.monotonic()
+    killed_at = clock.now()
     got = waiter.reply(waiting, timeout=ttl + 30)
 
     assert got["ok"], got

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager, LockNotAcquired
+from django_mongolock import LockManager, LockNotAcquired, clock
 from django_mongolock.testing import MongoNode, MongoReplicaSet
 from tests.reliability.conftest import (
     REPORT,
@@ -59,9 +59,9 @@ class Acquisition:
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     while not (result := condition()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g}s"
+        assert clock.now() < deadline, f"{what}: not within {timeout:g}s"
         time.sleep(0.05)
     return result
 
@@ -141,10 +141,10 @@ def test_locks_and_tokens_survive_step_downs_kills_and_freezes_of_the_primary(
                 before = replica_set.primary()
                 old_election = election_id(before, replica_set)
                 old = inject(kind, replica_set)
-                injected = time.monotonic()
+                injected = clock.now()
                 assert old is before
                 new = replica_set.primary(timeout=60)
-                elected = time.monotonic()
+                elected = clock.now()
                 assert new is not old
                 assert election_id(new, replica_set) != old_election
                 resumed = wait_until(
@@ -169,7 +169,7 @@ def test_locks_and_tokens_survive_step_downs_kills_and_freezes_of_the_primary(
                         "election": elected - injected,
                         "injected": injected,
                         "unavailable": resumed["done"] - injected,
-                        "healed": time.monotonic(),
+                        "healed": clock.now(),
                     }
                 )
                 time.sleep(STEADY)

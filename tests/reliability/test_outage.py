@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from django_mongolock import LockManager
+from django_mongolock import LockManager, clock
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Record, Spawn
 
@@ -40,7 +40,7 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
 
     node = lone.nodes[0]
     lone.kill(node, signal.SIGKILL)
-    killed_at = time.monotonic()
+    killed_at = clock.now()
 
     # Calls during the outage fail within the timeout, naming the server.
     refresh = holder.call("refresh", name="long")
@@ -58,13 +58,13 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
     lost = holder.event("lost", timeout=short_ttl + 2 * SST + 10, name="short")
     assert lost["at"] >= lost["deadline"]
     assert lost["at"] <= lost["deadline"] + SST + short_ttl / 3 + SLACK
-    time.sleep(max(0.0, killed_at + down_for - time.monotonic()))
+    time.sleep(max(0.0, killed_at + down_for - clock.now()))
     assert not holder.events("lost")[1:], "only the short lease may be lost"
     assert holder.call("state", name="long")["valid"]
 
     restarting_at = time.time()
     lone.restart(node)
-    up_at = time.monotonic()
+    up_at = clock.now()
 
     # The patient waiter gets the lock once MongoDB is back, with a greater token.
     got = patient.reply(persisting, timeout=60)
@@ -76,15 +76,15 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
         assert attempt["done"] - attempt["sent"] <= 5.0 + 2 * SST + SLACK, attempt
     # The refresher recovered by itself: the long lease is extended again, and kept.
     with LockManager(lone.url, database="outage", server_selection_timeout=10) as observer:
-        deadline = time.monotonic() + 20
+        deadline = clock.now() + 20
         while True:
             status = observer.status("long")
             assert status is not None
             if status.refreshed_at > datetime.fromtimestamp(restarting_at, UTC):
                 break
-            assert time.monotonic() < deadline, "the refresher did not extend the lease again"
+            assert clock.now() < deadline, "the refresher did not extend the lease again"
             time.sleep(0.05)
-        recovered = time.monotonic() - up_at
+        recovered = clock.now() - up_at
         assert recovered <= RETRY_INTERVAL + SST + SLACK
         assert (status.owner, status.token, status.live) == (long["owner"], long["token"], True)
         with pytest.raises(Exception, match="is held"):
