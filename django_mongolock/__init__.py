@@ -9,6 +9,8 @@ from django_mongolock.context import current_lock
 from django_mongolock.decorators import BUSY_EXIT_CODE, locked
 from django_mongolock.exceptions import (
     ConfigurationError,
+    LimitConflict,
+    LineFull,
     LockLost,
     LockNotAcquired,
     MongoLockError,
@@ -37,6 +39,8 @@ __all__ = [
     "ConfigurationError",
     "Election",
     "Holder",
+    "LimitConflict",
+    "LineFull",
     "Lock",
     "LockContext",
     "LockGroup",

@@ -345,6 +345,10 @@ class _Translate:
     ) -> None:
         if exc is None or not isinstance(exc, PyMongoError):
             return
+        if _authentication_failed(exc):
+            # The driver's frames hold the password in local variables, which error pages
+            # (Django's DEBUG page) and error reporters print: drop them.
+            _without_frames(exc)
         store = self._store
         if isinstance(exc, OperationFailure) and (
             exc.code in _NO_CLUSTER_TIME or "CLUSTER_TIME" in str(exc)
@@ -356,6 +360,31 @@ class _Translate:
         if isinstance(exc, ConnectionFailure) or getattr(exc, "timeout", False) or unavailable:
             raise ServerUnavailable(store.servers(), store.timeout, _brief(str(exc))) from exc
         raise MongoLockError(f"MongoDB error: {_redact(str(exc))}") from exc
+
+
+_AUTHENTICATION_FAILED = 18
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors chained to it, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _authentication_failed(exc: BaseException) -> bool:
+    return any(
+        isinstance(error, OperationFailure) and error.code == _AUTHENTICATION_FAILED
+        for error in _chain(exc)
+    )
+
+
+def _without_frames(exc: BaseException) -> None:
+    for error in _chain(exc):
+        error.__traceback__ = None
 
 
 def _retryable(exc: PyMongoError) -> bool:

@@ -257,6 +257,23 @@ def test_username_and_password_settings_authenticate(apart: Callable[..., None])
     assert secrets_in(everything_about(raised.value), WRONG) == []
 
 
+def test_the_debug_page_of_a_failed_authentication_shows_no_password(
+    apart: Callable[..., None], settings: SettingsWrapper
+) -> None:
+    """The driver keeps the password in local variables of its frames; the page shows frames."""
+    apart(WRONG)
+    settings.DEBUG = True
+    try:
+        locks.acquire("apart", ttl=5)
+    except MongoLockError:
+        response = technical_500_response(RequestFactory().get("/"), *sys.exc_info())
+    else:
+        pytest.fail("a wrong password was accepted")
+    page = html.unescape(response.content.decode())
+    assert "Authentication failed" in page
+    assert secrets_in(page, WRONG) == []
+
+
 def test_a_password_apart_from_the_user_named_in_the_url(
     settings: SettingsWrapper, mongolock_url: str, mongolock_database: str, server_user: None
 ) -> None:
