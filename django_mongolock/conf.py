@@ -57,6 +57,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "TTL": 30.0,
     # Seconds an expired lock document stays (shown as expired) before the TTL index purges it.
     "RETENTION": 600,
+    # Seconds a force release stays in the audit trail; None: as long as RETENTION.
+    "AUDIT_RETENTION": None,
     # Whether held leases are extended in the background.
     "REFRESH": True,
     # Holder name prefix; None: the host name. The pid and a random part are appended.
@@ -83,6 +85,7 @@ class MongoLockSettings:
     owner: str | None
     server_selection_timeout: float
     raw: Mapping[str, Any] = field(repr=False)
+    audit_retention: int | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
@@ -134,6 +137,7 @@ def get_settings() -> MongoLockSettings:
         owner=merged["OWNER"],
         server_selection_timeout=merged["SERVER_SELECTION_TIMEOUT"],
         raw=user,
+        audit_retention=merged["AUDIT_RETENTION"],
         username=username,
         password=password,
     )
@@ -192,6 +196,14 @@ def _check_retention(value: Any) -> str | None:
     return None
 
 
+def _check_audit_retention(value: Any) -> str | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        return "must be None or a whole number of seconds >= 0"
+    return None
+
+
 def _check_refresh(value: Any) -> str | None:
     return None if type(value) is bool else "must be True or False"
 
@@ -215,6 +227,7 @@ _VALIDATORS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "SERVER_SELECTION_TIMEOUT": ("E009", _check_ttl),
     "USERNAME": ("E012", _check_credential),
     "PASSWORD": ("E012", _check_credential),
+    "AUDIT_RETENTION": ("E014", _check_audit_retention),
 }
 # Where a value came from, for messages: these two may come from the environment.
 _ENV_NAMES: Final[Mapping[str, str]] = {"USERNAME": ENV_USERNAME, "PASSWORD": ENV_PASSWORD}
@@ -261,6 +274,7 @@ def settings_problems() -> list[Problem]:
         "SERVER_SELECTION_TIMEOUT": current.server_selection_timeout,
         "USERNAME": current.username,
         "PASSWORD": current.password,
+        "AUDIT_RETENTION": current.audit_retention,
     }
     for name, (check_id, validate) in _VALIDATORS.items():
         error = validate(values[name])
@@ -404,6 +418,7 @@ def get_manager() -> LockManager:
                 collection=current.collection,
                 ttl=current.ttl,
                 retention=current.retention,
+                audit_retention=current.audit_retention,
                 refresh=current.refresh,
                 owner=current.owner,
                 server_selection_timeout=current.server_selection_timeout,

@@ -6,6 +6,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import getpass
 import itertools
 import logging
 import os
@@ -31,7 +32,15 @@ from django_mongolock.primitives import Election, LockGroup, Semaphore, check_ca
 from django_mongolock.queries import PLACE_GRACE_MS
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
-from django_mongolock.store import IndexAction, LockInfo, LockStore, Order, State, _redact
+from django_mongolock.store import (
+    AuditEntry,
+    IndexAction,
+    LockInfo,
+    LockStore,
+    Order,
+    State,
+    _redact,
+)
 from django_mongolock.validation import (
     validate_key,
     validate_timeout,
@@ -91,6 +100,7 @@ class LockManager:
         refresh: bool = True,
         server_selection_timeout: float = 5.0,
         owner: str | None = None,
+        audit_retention: int | None = None,
     ) -> None:
         if url is not None and client is not None:
             raise ValueError("give either url or client, not both")
@@ -98,6 +108,12 @@ class LockManager:
             raise TypeError(f"url must be a str, not {type(url).__name__}")
         if type(retention) is not int or retention < 0:
             raise ValueError(f"retention must be a whole number of seconds >= 0, got {retention!r}")
+        if audit_retention is not None and (
+            type(audit_retention) is not int or audit_retention < 0
+        ):
+            raise ValueError(
+                f"audit_retention must be a whole number of seconds >= 0, got {audit_retention!r}"
+            )
         if type(refresh) is not bool:
             raise TypeError(f"refresh must be True or False, not {refresh!r}")
         if owner is not None and (not isinstance(owner, str) or not owner or "\x00" in owner):
@@ -110,6 +126,8 @@ class LockManager:
         self.collection = collection
         self.ttl = validate_ttl(ttl)
         self.retention = retention
+        # How long force releases stay on record (None: as long as RETENTION).
+        self.audit_retention = retention if audit_retention is None else audit_retention
         self.refresh = refresh
         self.server_selection_timeout = validate_ttl(
             server_selection_timeout, name="server_selection_timeout"
@@ -688,8 +706,12 @@ class LockManager:
     # -- inspecting and operating ------------------------------------------------------------
 
     def status(self, key: str) -> LockInfo | None:
-        """The lock document of ``key`` (live or expired), or None when there is none."""
-        return self.store.find(validate_key(key))
+        """The lock document of ``key`` (live or expired), or None when there is none.
+
+        With its holder's liveness (``holder_alive``, ``holder_silent_for``): one more query.
+        """
+        info = self.store.find(validate_key(key))
+        return None if info is None else self.store.with_liveness([info])[0]
 
     def list(
         self,
@@ -703,9 +725,10 @@ class LockManager:
     ) -> builtins.list[LockInfo]:
         """One page of locks, paged by the server (``limit=None``: all of them)."""
         _check_page(limit, offset)
-        return [
+        page = [
             *self.store.scan(state, prefix, owner=owner, limit=limit, offset=offset, order=order)
         ]
+        return self.store.with_liveness(page)  # one more query for the whole page
 
     def iter_locks(
         self,
@@ -730,20 +753,31 @@ class LockManager:
         """``{"live", "expired", "expiring"}``: expiring = live with at most ``soon`` s left."""
         return self.store.counts(soon)
 
-    def force_release(self, key: str, *, token: int | None = None) -> LockInfo | None:
+    def force_release(
+        self, key: str, *, token: int | None = None, reason: str = "", by: str | None = None
+    ) -> LockInfo | None:
         """Remove ``key`` whoever holds it (only while its token is ``token``, if given).
 
         Returns the removed lock, or None when there was none (or the token had changed).
-        The former holder finds out at its next refresh: its lock is then lost.
+        The former holder finds out at its next refresh: its lock is then lost. The
+        release and its audit record (``by``, default ``user@host`` of this process, and
+        ``reason``) are written in one transaction: see ``history()``.
         """
         key = validate_key(key)
         if token is not None:
             validate_token(token)
-        info = self.store.force_release(key, token)
+        reason = _audit_text("reason", reason, allow_empty=True)
+        by = _audit_text("by", _operator() if by is None else by, allow_empty=False)
+        info = self.store.force_release_recorded(key, token, by=by, reason=reason)
         if info is not None:
             logger.info("force-released %r (owner %s, token %s)", key, info.owner, info.token)
             self.waiters.notify(key)
         return info
+
+    def history(self, key: str, *, limit: int | None = 100) -> builtins.list[AuditEntry]:
+        """The force releases of ``key`` still on record (``audit_retention``), newest first."""
+        _check_page(limit, 0)
+        return self.store.history(validate_key(key), limit)
 
     def server_kind(self) -> str:
         """``"replica set"``, ``"sharded"`` or ``"standalone"`` (the last one is refused)."""
@@ -751,11 +785,17 @@ class LockManager:
 
     def ensure_indexes(self) -> builtins.list[IndexAction]:
         """Create or update the unique and TTL indexes (what ``migrate_mongolock`` runs)."""
-        return self.store.ensure_indexes(self.retention)
+        return [
+            *self.store.ensure_indexes(self.retention),
+            *self.store.ensure_side_indexes(self.retention, self.audit_retention),
+        ]
 
     def check_indexes(self) -> builtins.list[IndexAction]:
         """What ``ensure_indexes`` would do, without doing it."""
-        return self.store.check_indexes(self.retention)
+        return [
+            *self.store.check_indexes(self.retention),
+            *self.store.check_side_indexes(self.retention, self.audit_retention),
+        ]
 
 
 class LockContext:
@@ -993,6 +1033,31 @@ def _busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
         first_end = min(holder.expires_at for holder in info.live_holders)
         return LockNotAcquired(info.key, info.holder_label, first_end, waited=waited)
     return LockNotAcquired(info.key, None, None, waited=waited, waiting=info.waiting)
+
+
+# Longest ``by`` or ``reason`` an audit record keeps.
+_AUDIT_TEXT_MAX = 1000
+
+
+def _audit_text(name: str, value: object, *, allow_empty: bool) -> str:
+    """``value`` checked for an audit record: a str, not too long, without NUL."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if (not value and not allow_empty) or len(value) > _AUDIT_TEXT_MAX or "\x00" in value:
+        raise ValueError(
+            f"{name} must be {'' if allow_empty else 'a non-empty '}text of at most "
+            f"{_AUDIT_TEXT_MAX} characters without NUL, got {value[:80]!r}"
+        )
+    return value
+
+
+def _operator() -> str:
+    """Who runs this process, for the audit trail: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
 
 
 def _check_page(limit: int | None, offset: int) -> None:

@@ -30,6 +30,7 @@ import pymongo
 
 from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.store import process_of
 
 if TYPE_CHECKING:
     from django_mongolock.lock import Lock
@@ -203,6 +204,7 @@ class _Lane:
         self._retired = False
         self._thread: threading.Thread | None = None
         self._unreachable = False
+        self._silent = False  # the last heartbeat failed (logged once)
         self.ticks = 0
 
     def __len__(self) -> int:
@@ -341,6 +343,7 @@ class _Lane:
         next_due = clock.now() + _interval(shortest)
         if locks:
             next_due = min(next_due, self._refresh(locks, shortest))
+            self._heartbeat(locks, _interval(shortest))
         with self._cond:
             self._due = min(self._due, next_due)
         self.ticks += 1
@@ -401,6 +404,25 @@ class _Lane:
         if lapsed:
             self._give_back(store, lapsed)
         return math.inf
+
+    def _heartbeat(self, locks: list[Lock], interval: float) -> None:
+        """Tell the server the holders' process is alive: one write, never in the way.
+
+        Bounded by the tick interval, skipped while the server is unreachable, and a
+        failure is logged once until a heartbeat gets through again.
+        """
+        if self._unreachable:
+            return
+        try:
+            store: LockStore = self.manager.store  # type: ignore[attr-defined]
+            with pymongo.timeout(max(MIN_WRITE_TIME, interval)):
+                store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            if not self._silent:
+                logger.warning("cannot record this process's heartbeat: %s", exc)
+            self._silent = True
+            return
+        self._silent = False
 
     def _give_back(self, store: LockStore, lapsed: list[Lock]) -> None:
         """Release leases the server extended after their holders were told they lost them."""

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol
 
 import pymongo
+from bson import ObjectId
 from bson.codec_options import CodecOptions
-from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo import ASCENDING, DESCENDING, ReturnDocument, UpdateOne
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import (
     AutoReconnect,
@@ -44,8 +46,12 @@ from django_mongolock.exceptions import (
 )
 
 __all__ = [
+    "AUDIT_TTL_INDEX",
+    "HEARTBEAT_SLACK",
     "KEY_INDEX",
+    "PROCESS_TTL_INDEX",
     "TTL_INDEX",
+    "AuditEntry",
     "IndexAction",
     "LockInfo",
     "LockStore",
@@ -58,6 +64,14 @@ Order = Literal["key", "-key", "expires", "-expires", "acquired", "-acquired"]
 
 KEY_INDEX: Final = "key_unique"
 TTL_INDEX: Final = "expires_at_ttl"
+# The heartbeat and audit collections sit next to the lock collection (``locks.processes``,
+# ``locks.audit``), each with a TTL index.
+PROCESS_TTL_INDEX: Final = "alive_until_ttl"
+AUDIT_TTL_INDEX: Final = "at_ttl"
+AUDIT_KEY_INDEX: Final = "key_at"
+# A process counts as alive while its last heartbeat is newer than two of its tick
+# intervals plus this many seconds (a slow tick, a retried write).
+HEARTBEAT_SLACK: Final = 5.0
 
 _LIVE: Final = queries.LIVE
 _PROJECTION: Final = queries.PROJECTION
@@ -126,6 +140,11 @@ class LockInfo:
     group: str | None = None
     kind: str | None = None
     holders: tuple[Holder, ...] = ()
+    holder_alive: bool | None = None
+    """Whether the holder's process sent a heartbeat within its bound; None: unknown
+    (no heartbeat on record, a shared lock, or not asked for)."""
+    holder_silent_for: float | None = None
+    """Seconds since the holder's process's last heartbeat (server time), None if unknown."""
 
     @property
     def shared(self) -> bool:
@@ -193,6 +212,10 @@ class LockInfo:
             data["group"] = self.group
         if self.kind:
             data["kind"] = self.kind
+        data["holder_alive"] = self.holder_alive
+        data["holder_silent_for"] = (
+            None if self.holder_silent_for is None else round(self.holder_silent_for, 3)
+        )
         return data
 
     def as_holder(self, owner: str) -> LockInfo | None:
@@ -245,6 +268,49 @@ class LockInfo:
             group=doc.get("group"),
             kind=doc.get("kind"),
             holders=holders,
+        )
+
+
+def process_of(owner: str) -> str:
+    """The process part of an owner id: ``host:pid:serial`` without its ``:serial``."""
+    head, sep, _ = owner.rpartition(":")
+    return head if sep and head else owner
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One force release as the audit collection recorded it (``at`` is server time)."""
+
+    key: str
+    owner: str
+    token: int
+    by: str
+    reason: str
+    at: datetime
+    expired: bool = False
+    """The lease had already ended when it was removed."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "owner": self.owner,
+            "token": self.token,
+            "by": self.by,
+            "reason": self.reason,
+            "at": self.at.isoformat(),
+            "expired": self.expired,
+        }
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> AuditEntry:
+        return cls(
+            key=str(doc.get("key", "")),
+            owner=str(doc.get("owner") or ""),
+            token=int(doc.get("token", 0)),
+            by=str(doc.get("by") or ""),
+            reason=str(doc.get("reason") or ""),
+            at=doc.get("at") or datetime.fromtimestamp(0, UTC),
+            expired=bool(doc.get("expired", False)),
         )
 
 
@@ -802,3 +868,202 @@ class LockStore:
         else:
             plan.append(IndexAction(TTL_INDEX, ttl_desc, "unchanged"))
         return plan
+
+    # -- holder liveness and the audit trail -------------------------------------------------
+
+    @property
+    def processes(self) -> Collection[Any]:
+        """Heartbeats of the processes that hold locks, one document per process id."""
+        return self.collection.database[f"{self.collection.name}.processes"].with_options(
+            codec_options=_CODEC,
+            write_concern=WriteConcern(w="majority"),
+            read_concern=ReadConcern("majority"),
+        )
+
+    @property
+    def audit(self) -> Collection[Any]:
+        """The record of force releases (who, when, key, owner, token, reason)."""
+        return self.collection.database[f"{self.collection.name}.audit"].with_options(
+            codec_options=_CODEC,
+            write_concern=WriteConcern(w="majority"),
+            read_concern=ReadConcern("majority"),
+        )
+
+    def heartbeat(self, process_ids: Iterable[str], interval: float) -> None:
+        """Record, by server time, that these processes are alive and tick every ``interval``.
+
+        One write for all of them. The document counts as alive until two intervals plus
+        ``HEARTBEAT_SLACK`` after this write (``alive_until``, also the TTL index's field).
+        """
+        bound_ms = round((2 * interval + HEARTBEAT_SLACK) * 1000)
+        stamp = [
+            {
+                "$set": {
+                    "seen_at": "$$NOW",
+                    # Another lane of the process may tick less often: keep its bound.
+                    "alive_until": {"$max": ["$alive_until", {"$add": ["$$NOW", bound_ms]}]},
+                    "interval": float(interval),
+                }
+            }
+        ]
+        writes = [UpdateOne({"_id": pid}, stamp, upsert=True) for pid in sorted(set(process_ids))]
+        if writes:
+            with self._translate:
+                self.processes.bulk_write(writes, ordered=False)
+
+    def liveness(self, process_ids: Iterable[str]) -> dict[str, tuple[bool, float]]:
+        """``{process id: (alive, seconds silent)}`` by server time, in one query."""
+        ids = sorted(set(process_ids))
+        if not ids:
+            return {}
+        projection = {
+            "alive": {"$gt": ["$alive_until", "$$NOW"]},
+            "silent": {"$subtract": ["$$NOW", "$seen_at"]},
+        }
+        with self._translate:
+            docs = list(self.processes.find({"_id": {"$in": ids}}, projection=projection))
+        return {
+            str(doc["_id"]): (
+                bool(doc.get("alive")),
+                max(0.0, float(doc.get("silent") or 0) / 1000),
+            )
+            for doc in docs
+        }
+
+    def with_liveness(self, infos: Sequence[LockInfo]) -> list[LockInfo]:
+        """``infos`` with ``holder_alive``/``holder_silent_for`` of exclusive holders: one query.
+
+        A holder with no heartbeat on record (it never refreshed, or its record was purged
+        RETENTION seconds after it stopped) stays unknown (None).
+        """
+        found = self.liveness(process_of(info.owner) for info in infos if info.owner)
+        out = []
+        for info in infos:
+            seen = found.get(process_of(info.owner)) if info.owner else None
+            if seen is not None:
+                info = replace(info, holder_alive=seen[0], holder_silent_for=seen[1])
+            out.append(info)
+        return out
+
+    def force_release_recorded(
+        self, key: str, token: int | None, *, by: str, reason: str
+    ) -> LockInfo | None:
+        """``force_release`` and its audit record in one transaction: both or neither."""
+        query: dict[str, Any] = {"_id": key, **_HELD}
+        if token is not None:
+            query["token"] = token
+
+        def delete_and_record(session: ClientSession) -> Mapping[str, Any] | None:
+            doc: Mapping[str, Any] | None = self.collection.find_one_and_delete(
+                query, projection=_PROJECTION, session=session
+            )
+            if doc is not None:
+                info = LockInfo.from_document(doc)
+                owner = info.owner or ", ".join(h.owner for h in info.live_holders)
+                record = {
+                    "key": key,
+                    "owner": owner,
+                    "token": info.token,
+                    "by": by,
+                    "reason": reason,
+                    "expired": not info.live,
+                    "at": "$$NOW",
+                }
+                self.audit.update_one(
+                    {"_id": ObjectId()}, [{"$set": record}], upsert=True, session=session
+                )
+            return doc
+
+        with self._translate, self.collection.database.client.start_session() as session:
+            doc = session.with_transaction(delete_and_record)
+        return None if doc is None else LockInfo.from_document(doc)
+
+    def history(self, key: str, limit: int | None = 100) -> list[AuditEntry]:
+        """The force releases of ``key`` still on record, newest first."""
+        with self._translate:
+            docs = self.audit.find(
+                {"key": key}, sort=[("at", DESCENDING), ("_id", DESCENDING)], limit=limit or 0
+            )
+            return [AuditEntry.from_document(doc) for doc in docs]
+
+    def _side_indexes(self, retention: int, audit_retention: int) -> list[_TTLSpec]:
+        return [
+            _TTLSpec(self.processes, PROCESS_TTL_INDEX, "alive_until", retention, "heartbeats"),
+            _TTLSpec(self.audit, AUDIT_TTL_INDEX, "at", audit_retention, "audit trail"),
+        ]
+
+    def _side_plan(
+        self, retention: int, audit_retention: int
+    ) -> list[tuple[_TTLSpec | None, IndexAction]]:
+        plan: list[tuple[_TTLSpec | None, IndexAction]] = []
+        for spec in self._side_indexes(retention, audit_retention):
+            existing = _index_information(spec.collection, self._translate)
+            plan.append((spec, spec.plan(existing.get(spec.name))))
+        existing = _index_information(self.audit, self._translate)
+        desc = "audit trail: index on key, at"
+        action: Literal["missing", "unchanged"] = (
+            "unchanged" if AUDIT_KEY_INDEX in existing else "missing"
+        )
+        plan.append((None, IndexAction(AUDIT_KEY_INDEX, desc, action)))
+        return plan
+
+    def check_side_indexes(self, retention: int, audit_retention: int) -> list[IndexAction]:
+        """What ``ensure_side_indexes`` would do, changing nothing."""
+        return [item for _, item in self._side_plan(retention, audit_retention)]
+
+    def ensure_side_indexes(self, retention: int, audit_retention: int) -> list[IndexAction]:
+        """The heartbeat and audit collections' indexes: created, or their TTL updated."""
+        done: list[IndexAction] = []
+        with self._translate:
+            for spec, item in self._side_plan(retention, audit_retention):
+                if spec is None:
+                    if item.action == "missing":
+                        self.audit.create_index(
+                            [("key", ASCENDING), ("at", DESCENDING)], name=AUDIT_KEY_INDEX
+                        )
+                        item = IndexAction(item.name, item.description, "created")
+                elif item.action == "missing":
+                    spec.collection.create_index(
+                        spec.field, expireAfterSeconds=spec.seconds, name=spec.name
+                    )
+                    item = IndexAction(item.name, item.description, "created")
+                elif item.action == "differs":
+                    spec.collection.database.command(
+                        "collMod",
+                        spec.collection.name,
+                        index={"name": spec.name, "expireAfterSeconds": spec.seconds},
+                    )
+                    item = IndexAction(item.name, item.description, "updated", item.detail)
+                done.append(item)
+        return done
+
+
+@dataclass(frozen=True, slots=True)
+class _TTLSpec:
+    """A TTL index of a side collection, as ``migrate_mongolock`` should find it."""
+
+    collection: Collection[Any]
+    name: str
+    field: str
+    seconds: int
+    label: str
+
+    def plan(self, index: Mapping[str, Any] | None) -> IndexAction:
+        desc = f"{self.label}: TTL index on {self.field} (expireAfterSeconds={self.seconds})"
+        if index is None:
+            return IndexAction(self.name, desc, "missing")
+        was = index.get("expireAfterSeconds")
+        if was != self.seconds:
+            return IndexAction(self.name, desc, "differs", f"was {was}")
+        return IndexAction(self.name, desc, "unchanged")
+
+
+def _index_information(collection: Collection[Any], translate: _Translate) -> dict[str, Any]:
+    """A collection's indexes; none while it does not exist."""
+    with translate:
+        try:
+            return dict(collection.index_information())
+        except OperationFailure as exc:
+            if exc.code == 26:  # NamespaceNotFound
+                return {}
+            raise

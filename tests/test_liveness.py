@@ -1,0 +1,163 @@
+"""Holder liveness (heartbeats by the refresher) and the audit trail of force releases."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from django_mongolock import LockManager, clock
+from django_mongolock.refresher import get_refresher
+from django_mongolock.store import HEARTBEAT_SLACK, process_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _holder(url: str, database: str, key: str, ttl: float) -> subprocess.Popen[str]:
+    """A holder in a process of its own, refreshing ``key`` until killed."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", url, database, key, str(ttl), "sleep"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    process.stdout.close()
+    assert line.startswith("held "), line
+    return process
+
+
+def _wait_for(manager: LockManager, key: str, alive: bool | None, within: float) -> None:
+    """Poll ``status(key)`` until its holder's liveness is ``alive`` (bounded)."""
+    deadline = clock.now() + within
+    while True:
+        info = manager.status(key)
+        assert info is not None
+        if info.holder_alive is alive:
+            return
+        assert clock.now() < deadline, f"holder_alive stayed {info.holder_alive!r}"
+        time.sleep(0.1)
+
+
+def test_process_of_strips_the_serial() -> None:
+    assert process_of("web-1:4242:00000000abcd") == "web-1:4242"
+    assert process_of("my:owner:prefix:77:0000000000ff") == "my:owner:prefix:77"
+    assert process_of("plain") == "plain"
+
+
+def test_a_live_holder_process_is_alive_and_a_killed_one_is_not(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    ttl = 0.6  # ticks every 0.2 s: alive for 0.4 s + slack after the last heartbeat
+    process = _holder(mongolock_url, manager.database, "job", ttl)
+    try:
+        _wait_for(manager, "job", True, within=10)
+        info = manager.status("job")
+        assert info is not None and info.holder_silent_for is not None
+        assert 0 <= info.holder_silent_for < 2 * ttl / 3 + HEARTBEAT_SLACK
+        listed = manager.list("all")
+        assert [(i.key, i.holder_alive) for i in listed] == [("job", True)]
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    # The lease ends after ttl; the heartbeat is older than its bound a few seconds later.
+    _wait_for(manager, "job", False, within=2 * ttl + HEARTBEAT_SLACK + 10)
+    info = manager.status("job")
+    assert info is not None and not info.live
+    assert info.holder_silent_for is not None and info.holder_silent_for > HEARTBEAT_SLACK
+    assert info.as_dict()["holder_alive"] is False
+
+
+def test_the_refresher_records_this_process_heartbeat(manager: LockManager) -> None:
+    lock = manager.acquire("mine", ttl=0.3)
+    assert manager.status("mine").holder_alive is None  # type: ignore[union-attr]
+    ticks = get_refresher().ticks
+    deadline = clock.now() + 10
+    while get_refresher().ticks < ticks + 2:
+        assert clock.now() < deadline
+        time.sleep(0.05)
+    info = manager.status("mine")
+    assert info is not None and info.holder_alive is True
+    doc = manager.store.processes.find_one({"_id": process_of(lock.owner)})
+    assert doc is not None and doc["_id"] == f"{os.uname().nodename}:{os.getpid()}"
+    assert doc["interval"] == pytest.approx(0.1)
+    lock.release()
+
+
+def test_a_holder_without_a_heartbeat_is_unknown(manager: LockManager) -> None:
+    manager.acquire("quiet", ttl=30, refresh=False)
+    info = manager.status("quiet")
+    assert info is not None
+    assert (info.holder_alive, info.holder_silent_for) == (None, None)
+    assert info.as_dict()["holder_alive"] is None
+
+
+def test_force_release_is_recorded_with_who_why_and_the_token(
+    manager: LockManager, other: LockManager
+) -> None:
+    lock = other.acquire("report", ttl=30)
+    info = manager.force_release("report", reason="stuck since noon", by="ops@bastion")
+    assert info is not None and info.token == lock.token
+    history = manager.history("report")
+    assert len(history) == 1
+    entry = history[0]
+    assert (entry.key, entry.owner, entry.token, entry.by, entry.reason, entry.expired) == (
+        "report",
+        lock.owner,
+        lock.token,
+        "ops@bastion",
+        "stuck since noon",
+        False,
+    )
+    assert abs((entry.at - info.now).total_seconds()) < 60  # server time, not a client's
+    assert entry.as_dict()["at"] == entry.at.isoformat()
+    second = other.acquire("report", ttl=30)
+    manager.force_release("report")
+    newest, oldest = manager.history("report")
+    assert (newest.token, oldest.token) == (second.token, lock.token)
+    assert "@" in newest.by and newest.reason == ""
+    assert manager.history("report", limit=1) == [newest]
+    assert manager.history("other-key") == []
+
+
+def test_a_force_release_that_removes_nothing_records_nothing(
+    manager: LockManager, other: LockManager
+) -> None:
+    lock = other.acquire("k", ttl=30)
+    assert manager.force_release("k", token=lock.token + 1, reason="x") is None
+    assert manager.force_release("missing") is None
+    assert manager.history("k") == [] and manager.history("missing") == []
+    assert manager.status("k") is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"reason": 5}, TypeError),
+        ({"reason": "a\x00b"}, ValueError),
+        ({"reason": "x" * 1001}, ValueError),
+        ({"by": ""}, ValueError),
+        ({"by": b"me"}, TypeError),
+    ],
+)
+def test_bad_audit_text_changes_nothing(
+    manager: LockManager, other: LockManager, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    other.acquire("k", ttl=30)
+    with pytest.raises(error):
+        manager.force_release("k", **kwargs)  # type: ignore[arg-type]
+    assert manager.status("k") is not None
+    assert manager.history("k") == []
+
+
+def test_audit_retention_is_validated() -> None:
+    with pytest.raises(ValueError, match="audit_retention"):
+        LockManager("mongodb://localhost/", audit_retention=-1)
+    assert LockManager("mongodb://localhost/", retention=7).audit_retention == 7
+    assert LockManager("mongodb://localhost/", audit_retention=9).audit_retention == 9
