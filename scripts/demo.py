@@ -44,6 +44,7 @@ WORKERS = {
     "exporter": "semaphore",
     "candidate-a": "candidate",
     "candidate-b": "candidate",
+    "candidate-c": "candidate",
     "importer-1": "importer",
     "importer-2": "importer",
 }

@@ -11,6 +11,7 @@ when the demo that started it is gone), and gives back what it holds before it e
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.cookiejar
 import os
 import random
@@ -21,18 +22,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from html.parser import HTMLParser
 from types import FrameType
+from typing import Any
 
-from django_mongolock import Lock, LockManager, LockNotAcquired, MongoLockError
+from django_mongolock import LockManager, MongoLockError
 from django_mongolock.primitives import Election
 
 STOP = threading.Event()
 """Set on SIGTERM/SIGINT or when the demo is gone: every loop ends and gives back its locks."""
-
-WAIT_SLICE = 2.0
-"""Seconds a worker waits in line before it checks STOP and queues again: bounds shutdown."""
 
 # What each worker does, with the keys the dashboard shows.
 HANDOFF_KEYS = ("orders/sync", "invoices/daily")
@@ -62,66 +61,65 @@ def _watch_parent(parent: int) -> None:
             STOP.set()
 
 
-def _lock_or_none(take: Callable[[], Lock]) -> Lock | None:
-    """One bounded wait in line; None when it timed out or the server failed (said once)."""
-    try:
-        return take()
-    except LockNotAcquired:
-        return None
-    except MongoLockError as exc:
-        if not STOP.is_set():
-            say(f"{exc}; retrying")
-            pause(1.0, 2.0)
-        return None
+async def take_turns(
+    manager: LockManager,
+    key: str,
+    hold: tuple[float, float],
+    rest: tuple[float, float],
+    **acquire: Any,
+) -> None:
+    """Wait in line for ``key``, hold it a while (the work), let go, rest, queue again.
+
+    It waits without a timeout, woken by the release; stopping cancels the wait, and a
+    cancelled wait takes nothing.
+    """
+    while True:
+        try:
+            async with manager.alock(key, ttl=30, **acquire):
+                await asyncio.sleep(random.uniform(*hold))  # the work, fenced by its token
+        except MongoLockError as exc:
+            say(f"{key}: {exc}; retrying")
+        await asyncio.sleep(random.uniform(*rest))
 
 
-def _give_back(lock: Lock) -> None:
-    try:
-        lock.release()
-    except MongoLockError as exc:
-        say(f"could not release {lock.key!r}: {exc}")
+def run_until_stopped(*coroutines: Coroutine[Any, Any, None]) -> None:
+    """Run the coroutines until STOP is set; then cancel them, which gives their locks back."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, STOP.set)
+        tasks = [asyncio.create_task(coroutine) for coroutine in coroutines]
+        await asyncio.to_thread(STOP.wait)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
 
 
 # -- the roles -----------------------------------------------------------------------------------
 
 
 def handoff(manager: LockManager, args: argparse.Namespace) -> None:
-    """One thread per key: wait in line, hold a few seconds, let go, queue again."""
-
-    def work(key: str) -> None:
-        while not STOP.is_set():
-            lock = _lock_or_none(lambda: manager.acquire(key, ttl=30, timeout=WAIT_SLICE))
-            if lock is None:
-                continue
-            try:
-                pause(5.0, 9.0)  # the work, fenced by lock.token
-            finally:
-                _give_back(lock)
-            pause(0.5, 1.5)
-
-    run_threads(work, HANDOFF_KEYS)
+    """Hand each key over to the next worker in line every 6 to 10 s."""
+    run_until_stopped(*(take_turns(manager, key, (6.0, 10.0), (0.5, 1.5)) for key in HANDOFF_KEYS))
 
 
 def semaphore(manager: LockManager, args: argparse.Namespace) -> None:
     """Three exporters share a semaphore of four slots: it is never full, rarely empty."""
-    exports = manager.semaphore(SEMAPHORE_KEY, SEMAPHORE_LIMIT, ttl=30)
-
-    def work(slot: str) -> None:
-        while not STOP.is_set():
-            lock = _lock_or_none(lambda: exports.acquire(timeout=WAIT_SLICE))
-            if lock is None:
-                continue
-            try:
-                pause(6.0, 12.0)
-            finally:
-                _give_back(lock)
-            pause(0.5, 2.0)
-
-    run_threads(work, ("1", "2", "3"))
+    run_until_stopped(
+        *(
+            take_turns(
+                manager, SEMAPHORE_KEY, (6.0, 12.0), (0.5, 2.0), shared=True, limit=SEMAPHORE_LIMIT
+            )
+            for _ in range(3)
+        )
+    )
 
 
 def candidate(manager: LockManager, args: argparse.Namespace) -> None:
-    """Campaign for leadership; step down after a term of 15 to 25 s, rest, campaign again."""
+    """Campaign for leadership; step down after a term of 20 to 35 s, rest, campaign again."""
     name = manager.owner
 
     def elected(election: Election) -> None:
@@ -134,18 +132,20 @@ def candidate(manager: LockManager, args: argparse.Namespace) -> None:
             if not election.is_leader:
                 term_ends = None
             elif term_ends is None:
-                term_ends = time.monotonic() + random.uniform(15.0, 25.0)
+                term_ends = time.monotonic() + random.uniform(20.0, 35.0)
             elif time.monotonic() >= term_ends:
                 say(f"{ELECTION_KEY}: {name} steps down")
                 break
         election.stop()
-        pause(4.0, 6.0)  # lets the other candidate win the next term
+        pause(4.0, 6.0)  # lets another candidate win the next term
 
 
 def crash(manager: LockManager, args: argparse.Namespace) -> None:
     """Take a lock, then die by SIGKILL: the lock is never released and expires."""
-    lock = _lock_or_none(lambda: manager.acquire(CRASH_KEY, ttl=5, timeout=10))
-    if lock is None:
+    try:
+        lock = manager.acquire(CRASH_KEY, ttl=5, timeout=10)
+    except MongoLockError as exc:  # LockNotAcquired included
+        say(f"{CRASH_KEY}: {exc}")
         return
     say(
         f"{CRASH_KEY}: pid {os.getpid()} took the lock (token {lock.token}) and is killed "
@@ -158,23 +158,27 @@ def crash(manager: LockManager, args: argparse.Namespace) -> None:
 
 def importer(manager: LockManager, args: argparse.Namespace) -> None:
     """A job that hangs while holding its lock, until an operator force-releases it."""
+    run_until_stopped(hang(manager))
+
+
+async def hang(manager: LockManager) -> None:
     name = manager.owner
-    while not STOP.is_set():
-        lock = _lock_or_none(lambda: manager.acquire(STUCK_KEY, ttl=30, timeout=WAIT_SLICE))
-        if lock is None:
-            continue
-        # Hung: it neither finishes nor lets go; the lease is refreshed in the background.
-        deadline = time.monotonic() + 90.0
-        while not STOP.is_set() and time.monotonic() < deadline:
-            if lock.lost.wait(0.5):
-                say(
-                    f"{STUCK_KEY}: {name} (pid {os.getpid()}) lost its lock, token "
-                    f"{lock.token}: it stops; a write fenced with that token would be refused"
-                )
-                break
-        if lock.valid:
-            _give_back(lock)
-        pause(3.0, 5.0)
+    while True:
+        try:
+            async with manager.alock(STUCK_KEY, ttl=30) as lock:
+                # Hung: it neither finishes nor lets go; its lease is refreshed meanwhile.
+                for _ in range(180):
+                    if lock.lost.is_set():
+                        say(
+                            f"{STUCK_KEY}: {name} (pid {os.getpid()}) lost its lock, token "
+                            f"{lock.token}: it stops; a write fenced with that token would be "
+                            "refused"
+                        )
+                        break
+                    await asyncio.sleep(0.5)
+        except MongoLockError as exc:
+            say(f"{STUCK_KEY}: {exc}; retrying")
+        await asyncio.sleep(random.uniform(3.0, 5.0))
 
 
 def operator(args: argparse.Namespace) -> None:
@@ -197,14 +201,6 @@ def operator(args: argparse.Namespace) -> None:
             if not STOP.is_set():
                 say(f"operator: {exc}")
         STOP.wait(args.every)
-
-
-def run_threads(work: Callable[[str], None], names: Sequence[str]) -> None:
-    threads = [threading.Thread(target=work, args=(name,), name=name) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
 
 
 # -- a logged-in admin session, for the operator and the demo's test ------------------------------
