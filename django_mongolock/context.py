@@ -1,21 +1,30 @@
-"""``current_lock()``: the lock the running code holds through ``@locked``.
+"""The code a lock protects: which lock it holds, and stopping it when the lock is lost.
 
-A context variable rather than a thread-local, so each coroutine (asyncio task) sees its
-own lock, and code run through ``asgiref``'s ``sync_to_async``/``async_to_sync`` or
+``current_lock()`` is the lock the running code holds through ``@locked``: a context
+variable rather than a thread-local, so each coroutine (asyncio task) sees its own lock,
+and code run through ``asgiref``'s ``sync_to_async``/``async_to_sync`` or
 ``asyncio.to_thread`` (which copy the context) sees the caller's.
+
+``CancelOnLoss`` cancels the task running an ``async with locks.alock(key,
+cancel_on_loss=True)`` block the moment its lock is lost, as ``asyncio.timeout`` does at
+its deadline, and turns that cancellation into LockLost when the block ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from django_mongolock.exceptions import LockLost
+
 if TYPE_CHECKING:
     from django_mongolock.lock import Lock
 
-__all__ = ["current_lock", "holding"]
+__all__ = ["CancelOnLoss", "current_lock", "holding"]
 
 # A tuple, never mutated: nested @locked calls push a new tuple, so a context copied
 # into another thread or task cannot be changed under it.
@@ -40,3 +49,54 @@ def holding(lock: Lock) -> Iterator[Lock]:
         yield lock
     finally:
         _held.reset(reset)
+
+
+class CancelOnLoss:
+    """Cancel the current task when ``lock`` is lost; ``exit()`` says whether that ended it.
+
+    The lock's loss hook runs in whichever thread finds the loss (the deadline watch, the
+    refresher) the moment ``lost`` is set; it only schedules the cancellation on the
+    task's loop. The cancellation itself runs in the loop, and only while the block is
+    still running, so it can never hit the code after the block. As in ``asyncio.timeout``,
+    a CancelledError is turned into LockLost only when the cancellation was this guard's
+    alone (``Task.uncancel()`` counts): a task also cancelled from outside stays cancelled.
+    """
+
+    __slots__ = ("_active", "_cancelled", "_cancelling", "_lock", "_loop", "_task")
+
+    def __init__(self, lock: Lock) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("cancel_on_loss needs to run in an asyncio task")
+        self._lock = lock
+        self._task = task
+        self._loop = task.get_loop()
+        self._cancelling = task.cancelling()
+        self._cancelled = False
+        self._active = True
+        if not lock.add_loss_hook(self._lost):
+            self._lost()  # lost already, between the acquire and here
+
+    def _lost(self) -> None:
+        """The loss hook: any thread, so it only hands the cancellation to the loop."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: no task left to stop
+            self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        if self._active and not self._cancelled:
+            self._cancelled = True
+            self._task.cancel(f"lock {self._lock.key!r} (token {self._lock.token}) was lost")
+
+    def exit(self, exc: BaseException | None) -> LockLost | None:
+        """Stop watching; the LockLost to raise instead of ``exc``, if the loss ended the block."""
+        self._active = False
+        self._lock.remove_loss_hook(self._lost)
+        if not self._cancelled:
+            return None
+        if self._task.uncancel() > self._cancelling or not isinstance(exc, asyncio.CancelledError):
+            return None
+        try:
+            self._lock.check()
+        except LockLost as lost:
+            return lost
+        return LockLost(self._lock.key, self._lock.owner, self._lock.token, "it was lost")

@@ -42,6 +42,9 @@ class Lock:
         "_deadline",
         "_expiry",
         "_expiry_deadline",
+        "_holds",
+        "_hooks",
+        "_loss",
         "_lost",
         "_lost_event",
         "_manager",
@@ -87,6 +90,11 @@ class Lock:
         self._released = False
         self._pid = os.getpid()
         self._mutex = threading.Lock()
+        # Why it was lost (for check()), the hooks to call the moment it is, and how many
+        # reentrant acquisitions hold it (see LockManager.acquire(reentrant=True)).
+        self._loss: str | None = None
+        self._hooks: list[Callable[[], object]] | None = None
+        self._holds = 1
         get_deadlines().watch(self)
 
     def __repr__(self) -> str:
@@ -107,6 +115,56 @@ class Lock:
             self.lapse(now)
             return False
         return True
+
+    def check(self) -> None:
+        """Raise LockLost (with the reason) unless the lock is still valid; None otherwise.
+
+        One local check, no I/O: cheap enough to call between any two steps of the work.
+        """
+        if self._pid != os.getpid():
+            reason = f"it belongs to process {self._pid}, not to this forked child"
+        elif self._released:
+            reason = "it was released"
+        elif self._lost:
+            reason = self._loss or "it was lost"
+        else:
+            now = clock.now()
+            if now < self._deadline:
+                return
+            self.lapse(now)
+            reason = self._loss or _LAPSED
+        raise LockLost(self.key, self.owner, self.token, reason)
+
+    @property
+    def holds(self) -> int:
+        """Acquisitions holding this handle: above 1 only for a re-entered reentrant lock."""
+        return 0 if self._released else self._holds
+
+    def add_loss_hook(self, hook: Callable[[], object]) -> bool:
+        """Call ``hook()`` the moment the lock is lost, in the thread that finds out.
+
+        For the engine's own reactions (cancelling a task, interrupting a command): the
+        hook runs right after ``lost`` is set, before the notices, on the deadline watch,
+        the refresher or the holder's thread, so it must be quick and must not block.
+        Returns False, and keeps nothing, when the lock is already lost or released.
+        """
+        if self._pid != os.getpid():
+            return False
+        with self._mutex:
+            if self._lost or self._released:
+                return False
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+        return True
+
+    def remove_loss_hook(self, hook: Callable[[], object]) -> None:
+        """Forget a hook given to ``add_loss_hook`` (nothing if it is not there)."""
+        if self._pid != os.getpid():
+            return
+        with self._mutex:
+            if self._hooks is not None and hook in self._hooks:
+                self._hooks.remove(hook)
 
     @property
     def lost(self) -> threading.Event:
@@ -164,8 +222,11 @@ class Lock:
         """Give the lock up; True if it was still held, False (and nothing deleted) otherwise.
 
         Never removes somebody else's lock: the delete matches this owner and token only.
-        A process forked from the holder does not release its parent's lock.
+        A process forked from the holder does not release its parent's lock. A re-entered
+        reentrant lock is given up at its outermost release; the inner ones count down.
         """
+        if self._drop_hold():
+            return not self._lost
         if not self._take_release():
             return False
         held = self._manager.store.release(self.key, self.owner, self.token, shared=self.shared)
@@ -190,6 +251,8 @@ class Lock:
 
     async def arelease(self) -> bool:
         """``release`` through the async client, without blocking the event loop."""
+        if self._drop_hold():
+            return not self._lost
         if not self._take_release():
             return False
         store = await self._manager._astore()
@@ -237,10 +300,38 @@ class Lock:
             if self._lost or self._released or now < self._deadline:
                 return
             self._lost = True
+            self._loss = _LAPSED
             event = self._lost_event
+            hooks, self._hooks = self._hooks, None
         if event is not None:
             event.set()
+        self._run_hooks(hooks)
         self._post_notices(_LAPSED)
+
+    def _run_hooks(self, hooks: list[Callable[[], object]] | None) -> None:
+        for hook in hooks or ():
+            try:
+                hook()
+            except Exception:
+                logger.exception("a loss hook of lock %r failed", self.key)
+
+    def _add_hold(self) -> bool:
+        """One more reentrant acquisition of this handle; False if it is no longer valid."""
+        with self._mutex:
+            if self._lost or self._released or self._pid != os.getpid():
+                return False
+            self._holds += 1
+            return True
+
+    def _drop_hold(self) -> bool:
+        """Count down an inner release of a re-entered lock; False for the outermost one."""
+        if self._holds == 1 or self._pid != os.getpid():
+            return False
+        with self._mutex:
+            if self._holds == 1 or self._released:
+                return False
+            self._holds -= 1
+            return True
 
     def _renew(self, deadline: float) -> bool:
         """Move the deadline after a successful refresh; False if it was lost meanwhile."""
@@ -299,9 +390,12 @@ class Lock:
             if self._lost:
                 return False
             self._lost = True
+            self._loss = reason
             event = self._lost_event
+            hooks, self._hooks = self._hooks, None
         if event is not None:
             event.set()
+        self._run_hooks(hooks)
         if inline:
             self._notify(reason)
         else:

@@ -26,10 +26,12 @@ from pymongo.errors import InvalidURI
 
 from django_mongolock import clock
 from django_mongolock.astore import AsyncLockStore
+from django_mongolock.context import CancelOnLoss
 from django_mongolock.exceptions import ConfigurationError, LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
 from django_mongolock.primitives import Election, LockGroup, Semaphore, check_callback
 from django_mongolock.queries import PLACE_GRACE_MS
+from django_mongolock.reentry import Reentries, current_holder
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import (
@@ -134,6 +136,7 @@ class LockManager:
         )
         self.owner = owner
         self._waiters = Waiters()
+        self._reentries = Reentries()
         self._given_client = client
         self._client: MongoClient[Any] | None = None
         self._store: LockStore | None = None
@@ -156,6 +159,7 @@ class LockManager:
         self._build_mutex = threading.Lock()
         self._astores_mutex = threading.Lock()
         self._astores = {}
+        self._reentries = Reentries()
 
     # -- connection --------------------------------------------------------------------------
 
@@ -336,6 +340,7 @@ class LockManager:
         limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
+        reentrant: bool = False,
     ) -> Lock:
         """Take ``key``; wait while it is busy if ``blocking``, at most ``timeout`` seconds.
 
@@ -345,12 +350,21 @@ class LockManager:
         when the timeout passes; ServerUnavailable at once when MongoDB cannot be
         reached. The lease is kept alive in the background unless ``refresh`` (default:
         the manager's ``refresh``) is False; ``on_lost`` is called once if it is lost.
+        ``reentrant=True``: a thread that holds ``key`` through a reentrant acquire of
+        this manager gets the same handle again, one more hold, without I/O.
         """
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
         keep = self._keep(refresh)
         check_callback("on_lost", on_lost)
-        return self._acquire(request, wait, keep, on_lost)
+        if not _reentrant(reentrant, shared):
+            return self._acquire(request, wait, keep, on_lost)
+        holder = current_holder(task=False)
+        lock = self._reentries.enter(holder, request.key)
+        if lock is None:
+            lock = self._acquire(request, wait, keep, on_lost)
+            self._reentries.add(holder, lock)
+        return lock
 
     def _keep(self, refresh: bool | None) -> bool:
         """Whether the refresher keeps a new lease alive (None: the manager's setting)."""
@@ -517,16 +531,34 @@ class LockManager:
         limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
+        reentrant: bool = False,
     ) -> Lock:
         """``acquire`` for coroutines: the same lock, waiting without blocking the loop.
 
         Queries go through pymongo's async client; waiting is on an asyncio event woken
         by the same change stream; the lease is kept alive by the same refresher.
+        ``reentrant=True`` re-enters per asyncio task (two tasks are two holders).
         """
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
         keep = self._keep(refresh)
         check_callback("on_lost", on_lost)
+        if not _reentrant(reentrant, shared):
+            return await self._aacquire(request, wait, keep, on_lost)
+        holder = current_holder(task=True)
+        lock = self._reentries.enter(holder, request.key)
+        if lock is None:
+            lock = await self._aacquire(request, wait, keep, on_lost)
+            self._reentries.add(holder, lock)
+        return lock
+
+    async def _aacquire(
+        self,
+        request: _Request,
+        wait: float | None,
+        keep: bool,
+        on_lost: Callable[[Lock], object] | None,
+    ) -> Lock:
         store = await self._astore()
         if wait == 0:
             sent_at = clock.now()
@@ -607,10 +639,14 @@ class LockManager:
         limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
+        reentrant: bool = False,
+        cancel_on_loss: bool = False,
     ) -> LockContext:
         """``async with manager.alock(key) as lk:``: ``aacquire`` on entry, release on exit.
 
         The same context as ``lock()``, which works with ``with`` and ``async with``.
+        ``cancel_on_loss=True`` cancels the task running the block the moment the lock
+        is lost; the ``async with`` then raises LockLost (see ``docs/locks.md``).
         """
         return self.lock(
             key,
@@ -621,6 +657,8 @@ class LockManager:
             limit=limit,
             on_lost=on_lost,
             refresh=refresh,
+            reentrant=reentrant,
+            cancel_on_loss=cancel_on_loss,
         )
 
     def _leave_queue(self, key: str, owner: str) -> None:
@@ -638,13 +676,21 @@ class LockManager:
         limit: int | None = None,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool | None = None,
+        reentrant: bool = False,
+        cancel_on_loss: bool = False,
     ) -> LockContext:
-        """A context manager that acquires ``key`` on entry and releases it on exit."""
+        """A context manager that acquires ``key`` on entry and releases it on exit.
+
+        ``cancel_on_loss`` works with ``async with`` only (see ``alock``).
+        """
         self._request(key, ttl, shared, limit)
         validate_timeout(timeout, blocking=blocking)
         self._keep(refresh)
         check_callback("on_lost", on_lost)
-        return LockContext(
+        _reentrant(reentrant, shared)
+        if type(cancel_on_loss) is not bool:
+            raise TypeError(f"cancel_on_loss must be True or False, not {cancel_on_loss!r}")
+        context = LockContext(
             self,
             key,
             ttl=ttl,
@@ -654,7 +700,10 @@ class LockManager:
             limit=limit,
             on_lost=on_lost,
             refresh=refresh,
+            reentrant=reentrant,
         )
+        context.cancel_on_loss = cancel_on_loss
+        return context
 
     def semaphore(self, key: str, limit: int, *, ttl: float | None = None) -> Semaphore:
         """At most ``limit`` holders of ``key`` at once; each gets its own lease and token."""
@@ -701,6 +750,7 @@ class LockManager:
         """A holder in this process let ``lock`` go: stop refreshing, wake local waiters."""
         if lock.refreshable:
             get_refresher().unregister(lock)
+        self._reentries.forget(lock)
         self.waiters.notify(lock.key)
 
     # -- inspecting and operating ------------------------------------------------------------
@@ -802,20 +852,28 @@ class LockContext:
     """``with manager.lock(key) as lk:`` (or ``async with``): acquire on entry, release on exit.
 
     Leaving the block after the lock was lost does not raise: the loss was already
-    signalled (``lk.lost``, ``lock_lost``) and is logged again here.
+    signalled (``lk.lost``, ``lock_lost``) and is logged again here; unless
+    ``cancel_on_loss`` cancelled the block, which then ends with LockLost.
     """
 
-    __slots__ = ("_kwargs", "_lock", "_manager", "key")
+    __slots__ = ("_guard", "_kwargs", "_lock", "_manager", "cancel_on_loss", "key")
 
     def __init__(self, manager: LockManager, key: str, **kwargs: Any) -> None:
         self._manager = manager
         self.key = key
         self._kwargs = kwargs
         self._lock: Lock | None = None
+        self.cancel_on_loss = False
+        self._guard: CancelOnLoss | None = None
 
     def __enter__(self) -> Lock:
         if self._lock is not None:
             raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        if self.cancel_on_loss:
+            raise TypeError(
+                f"cancel_on_loss cancels an asyncio task: use 'async with' for {self.key!r}, "
+                "or lk.check() and lk.lost in sync code"
+            )
         self._lock = self._manager.acquire(self.key, **self._kwargs)
         return self._lock
 
@@ -832,8 +890,11 @@ class LockContext:
     async def __aenter__(self) -> Lock:
         if self._lock is not None:
             raise RuntimeError(f"the lock context for {self.key!r} is already entered")
-        self._lock = await self._manager.aacquire(self.key, **self._kwargs)
-        return self._lock
+        lock = await self._manager.aacquire(self.key, **self._kwargs)
+        self._lock = lock
+        if self.cancel_on_loss:
+            self._guard = CancelOnLoss(lock)
+        return lock
 
     async def __aexit__(
         self,
@@ -842,8 +903,18 @@ class LockContext:
         tb: TracebackType | None,
     ) -> None:
         lock, self._lock = self._lock, None
-        if lock is not None:
+        guard, self._guard = self._guard, None
+        lost = None if guard is None else guard.exit(exc)
+        if lock is None:
+            return
+        if lost is None:
             await lock.__aexit__(exc_type, exc, tb)
+            return
+        try:
+            await lock.arelease()
+        except MongoLockError as error:  # the lease ends by itself
+            logger.warning("could not release lost lock %r: %s", lock.key, error)
+        raise lost from exc
 
 
 class _OwnerIds:
@@ -1058,6 +1129,14 @@ def _operator() -> str:
     except (KeyError, OSError):  # no name for this uid (a bare container)
         user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
+
+
+def _reentrant(reentrant: bool, shared: bool) -> bool:
+    if type(reentrant) is not bool:
+        raise TypeError(f"reentrant must be True or False, not {reentrant!r}")
+    if reentrant and shared:
+        raise ValueError("reentrant=True is for exclusive locks; shared locks are not reentrant")
+    return reentrant
 
 
 def _check_page(limit: int | None, offset: int) -> None:
