@@ -16,6 +16,7 @@ from django_mongolock.exceptions import (
     MongoLockError,
     ReplicaSetRequired,
     ServerUnavailable,
+    StaleTokenError,
 )
 from django_mongolock.lock import Lock
 from django_mongolock.manager import LockContext, LockManager
@@ -52,6 +53,7 @@ __all__ = [
     "ReplicaSetRequired",
     "Semaphore",
     "ServerUnavailable",
+    "StaleTokenError",
     "__version__",
     "current_lock",
     "locked",

@@ -7,6 +7,7 @@ from datetime import datetime
 
 __all__ = [
     "ConfigurationError",
+    "FenceKeyConflict",
     "LimitConflict",
     "LineFull",
     "LockLost",
@@ -14,6 +15,7 @@ __all__ = [
     "MongoLockError",
     "ReplicaSetRequired",
     "ServerUnavailable",
+    "StaleTokenError",
 ]
 
 
@@ -98,6 +100,39 @@ class LockLost(MongoLockError):
         self.token = token
         self.reason = reason
         super().__init__(f"lock {key!r} (owner {owner}, token {token}) is lost: {reason}")
+
+
+class StaleTokenError(LockLost):
+    """A fenced write was refused: the resource already holds a greater token of the key.
+
+    A ``LockLost``: a newer holder of the key has written, so this holder's lock is gone
+    whatever its handle says. ``fence`` is the greater token the resource holds.
+    """
+
+    def __init__(self, key: str, owner: str, token: int, fence: int) -> None:
+        super().__init__(
+            key, owner, token, f"a newer holder wrote first (the resource's fence is {fence})"
+        )
+        self.fence = fence
+
+
+class FenceKeyConflict(MongoLockError):
+    """A fenced write with a lock of one key met a resource fenced by another key.
+
+    Tokens are ordered within one key only, so comparing them across keys would decide
+    nothing: the write is refused. Not a ``LockLost``: the lock may well be held; the code
+    fences one resource with two keys, which is a bug to fix, not a race to retry.
+    """
+
+    def __init__(self, key: str, token: int, fence_key: str, fence: int) -> None:
+        self.key = key
+        self.token = token
+        self.fence_key = fence_key
+        self.fence = fence
+        super().__init__(
+            f"lock {key!r} (token {token}) cannot write a resource fenced by lock "
+            f"{fence_key!r} (fence {fence}): one resource is fenced by one key"
+        )
 
 
 class ConfigurationError(MongoLockError):

@@ -15,6 +15,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_mongolock",
     "testproject",
+    "tests.fencingapp",
 ]
 
 MIDDLEWARE = [

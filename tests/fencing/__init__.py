@@ -1,0 +1,1 @@
+"""Fenced writes on SQLite, PostgreSQL and MongoDB."""

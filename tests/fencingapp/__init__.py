@@ -1,0 +1,1 @@
+"""Models of the fenced-write tests: rows that a fencing token protects."""
