@@ -55,7 +55,7 @@ def test_sql_a_paused_holder_s_late_write_is_refused(
 ) -> None:
     Report.objects.using(db_alias).create(name="daily", body="empty")
     rows = Report.objects.using(db_alias).filter(name="daily")
-    config = {"url": mongolock_url, "backend": "sql", "alias": db_alias}
+    config: dict[str, Any] = {"url": mongolock_url, "backend": "sql", "alias": db_alias}
     config["db"] = fence_databases[db_alias]
 
     def write_b(lock: Lock, body: str) -> int:
