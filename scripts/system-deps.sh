@@ -23,6 +23,8 @@ has_lib liblzma.so.5 || packages+=(liblzma5)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
 # The clock skew tests of `make test-reliability` run a lock client under libfaketime.
 command -v faketime >/dev/null 2>&1 || packages+=(faketime)
+# The fenced-write tests start a PostgreSQL server from Debian's binaries.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
 
 if ((${#packages[@]})); then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
