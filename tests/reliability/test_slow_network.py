@@ -1,4 +1,4 @@
-"""A bad link rather than a cut one: a slow server, a flapping link, a half-open connection.
+"""A bad link rather than a cut one: slow, flapping, half-open, or resetting connections.
 
 One worker reaches the single-node set through a :class:`TcpProxy`, another directly; both
 take one key again and again, hold it (waiting on ``lost``, as code that relies on the
@@ -12,6 +12,8 @@ notices does) and release it, while the proxy misbehaves:
 ``half-open``
     requests reach the server, replies never come back: the server applies refreshes
     (and acquisitions) the client never hears of.
+``resetting``
+    every connection reset (TCP RST) by turns with quiet spells, every 0.3-1 s.
 
 The checks: no process believes it holds the key after another has taken it (every
 holder released it, or heard of its loss, before the next holder's acquire returned),
@@ -62,10 +64,17 @@ def half_open(proxy: TcpProxy, rng: random.Random, until: float) -> None:
         time.sleep(min(rng.uniform(3.0, 5.0), max(0.0, until - time.monotonic())))
 
 
+def resetting(proxy: TcpProxy, rng: random.Random, until: float) -> None:
+    while time.monotonic() < until:
+        proxy.set_mode("reset" if proxy.mode == "pass" else "pass")
+        time.sleep(rng.uniform(0.3, 1.0))
+
+
 FAULTS: dict[str, Callable[[TcpProxy, random.Random, float], None]] = {
     "slow": slow,
     "flapping": flapping,
     "half-open": half_open,
+    "resetting": resetting,
 }
 
 
@@ -117,6 +126,7 @@ def test_no_two_holders_and_no_hang_on_a_slow_flapping_or_half_open_link(
     figures = check(workers)
     record(seed=seed, **figures)
     assert figures["far_acquisitions"] > 0, figures
+    assert figures["losses"] + sum(figures["errors"].values()) > 0, f"the {fault} did nothing"
     assert figures["near_acquisitions"] > 0, figures
 
 

@@ -1,0 +1,113 @@
+"""The fault injector itself: each mode of :class:`TcpProxy` does to a real client what it says.
+
+The network fault tests pass only if their faults happen; these checks make sure they do.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from django_mongolock.testing import MongoReplicaSet
+from tests.reliability.conftest import SLACK
+from tests.reliability.proxy import TcpProxy
+
+TIMEOUT = 1.5
+
+
+@pytest.fixture
+def through(proxy: TcpProxy) -> Iterator[MongoClient[dict[str, Any]]]:
+    """A client through the proxy, every call bounded by ``TIMEOUT``; the proxy passes after."""
+    ms = round(TIMEOUT * 1000)
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        proxy.direct_url, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, timeoutMS=ms
+    )
+    try:
+        client.admin.command("ping")
+        yield client
+    finally:
+        proxy.set_mode("pass")
+        client.close()
+
+
+def timed_failure(client: MongoClient[dict[str, Any]], **doc: Any) -> float:
+    """Seconds until an insert through ``client`` fails (it must fail)."""
+    sent = time.monotonic()
+    with pytest.raises(PyMongoError):
+        client.proxytest.docs.insert_one(doc)
+    return time.monotonic() - sent
+
+
+def recovers(client: MongoClient[dict[str, Any]], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.admin.command("ping")
+            return
+        except PyMongoError:
+            assert time.monotonic() < deadline, "no answer through the proxy after it healed"
+            time.sleep(0.1)
+
+
+def test_drop_makes_calls_wait_for_their_timeout_and_pass_heals(
+    proxy: TcpProxy, through: MongoClient[dict[str, Any]]
+) -> None:
+    proxy.set_mode("drop")
+    took = timed_failure(through, _id=uuid.uuid4().hex)
+    assert TIMEOUT - 0.1 <= took <= TIMEOUT + SLACK
+    proxy.set_mode("pass")
+    recovers(through)
+
+
+def test_reset_fails_calls_at_once(proxy: TcpProxy, through: MongoClient[dict[str, Any]]) -> None:
+    proxy.set_mode("reset")
+    assert timed_failure(through, _id=uuid.uuid4().hex) <= TIMEOUT + SLACK
+    assert proxy.connections >= 2  # the reset one, and at least one new attempt refused
+    proxy.set_mode("pass")
+    recovers(through)
+
+
+def test_half_open_applies_requests_whose_replies_never_come(
+    proxy: TcpProxy, through: MongoClient[dict[str, Any]], lone: MongoReplicaSet
+) -> None:
+    marker = uuid.uuid4().hex
+    proxy.set_mode("half-open")
+    timed_failure(through, _id=marker)
+    proxy.set_mode("pass")
+    direct: MongoClient[dict[str, Any]]
+    with MongoClient(lone.url, serverSelectionTimeoutMS=10000) as direct:
+        assert direct.proxytest.docs.find_one({"_id": marker}) == {"_id": marker}
+
+
+def test_delay_holds_every_chunk_back(
+    proxy: TcpProxy, through: MongoClient[dict[str, Any]]
+) -> None:
+    proxy.set_mode("delay", 0.4)
+    sent = time.monotonic()
+    through.admin.command("ping")
+    assert time.monotonic() - sent >= 0.8  # there and back
+    proxy.set_mode("delay", 1.0)
+    timed_failure(through, _id=uuid.uuid4().hex)  # 2 s there and back: past the timeout
+
+
+def test_isolate_black_holes_one_origin_only(lone: MongoReplicaSet) -> None:
+    node = lone.nodes[0]
+    with TcpProxy((node.host, node.port), classify=lambda port: "me") as proxy:
+        ms = round(TIMEOUT * 1000)
+        client: MongoClient[dict[str, Any]]
+        with MongoClient(
+            proxy.direct_url, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, timeoutMS=ms
+        ) as client:
+            client.admin.command("ping")
+            proxy.isolate({"someone else"})
+            client.admin.command("ping")
+            proxy.isolate({"me"})
+            timed_failure(client, _id=uuid.uuid4().hex)
+            proxy.isolate(())
+            recovers(client)
