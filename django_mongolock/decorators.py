@@ -7,18 +7,26 @@ from the first ``next()`` until it is exhausted, closed or collected. What "busy
 depends on what was called: a function raises
 LockNotAcquired, a view answers 423 Locked, a management command exits with
 ``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed".
+
+``on_lost="exit"`` stops the call when its lock is lost while it runs: the main thread
+is interrupted (as by Ctrl+C) the moment the loss is known, and a management command
+exits with ``LOST_EXIT_CODE``, a plain function raises LockLost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import math
 import re
+import signal
 import string
 import sys
+import threading
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -37,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, cast
 from asgiref.sync import iscoroutinefunction
 
 from django_mongolock.context import holding
-from django_mongolock.exceptions import LockNotAcquired, MongoLockError
+from django_mongolock.exceptions import LockLost, LockNotAcquired, MongoLockError
 from django_mongolock.manager import LockManager
 from django_mongolock.terminal import printable
 from django_mongolock.validation import validate_key, validate_timeout, validate_ttl
@@ -48,18 +56,25 @@ if TYPE_CHECKING:
 
     from django_mongolock.lock import Lock
 
-__all__ = ["BUSY_EXIT_CODE", "OnBusy", "locked"]
+__all__ = ["BUSY_EXIT_CODE", "LOST_EXIT_CODE", "OnBusy", "OnLost", "locked"]
 
 logger = logging.getLogger("django_mongolock.decorators")
 
 BUSY_EXIT_CODE: Final = 75
 """Exit status of a ``@locked`` management command whose lock is busy (EX_TEMPFAIL)."""
 
+LOST_EXIT_CODE: Final = 76
+"""Exit status of a ``@locked(..., on_lost="exit")`` command whose lock was lost mid-run."""
+
 _ERROR_EXIT_CODE: Final = 2  # MongoDB unreachable or refusing, or invalid settings
 
 OnBusy: TypeAlias = Literal["raise", "skip"] | Callable[..., Any] | None
 """``None`` (what suits the kind of callable), ``"raise"``, ``"skip"``, or a callable
 ``on_busy(error, *args, **kwargs)`` whose return value becomes the call's result."""
+
+OnLost: TypeAlias = Literal["exit"] | Callable[..., Any] | None
+"""``None`` (the call learns through ``lk.lost`` or ``lk.check()``), ``"exit"`` (stop the
+call), or a callable ``on_lost(lock)`` run on a notice worker thread."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _Kind: TypeAlias = Literal["function", "view", "command"]
@@ -75,13 +90,16 @@ def locked(
     timeout: float | None = None,
     on_busy: OnBusy = None,
     manager: LockManager | None = None,
+    on_lost: OnLost = None,
+    reentrant: bool = False,
 ) -> Callable[[_F], _F]:
     """Hold the lock ``key`` while the decorated function, view or command runs.
 
     ``key`` may be a template such as ``"invoice-{pk}"``, formatted from the arguments of
-    each call. ``ttl``, ``blocking`` and ``timeout`` are passed to ``LockManager.acquire``;
-    by default the call does not wait. ``manager`` defaults to ``django_mongolock.locks``,
-    looked up at call time, so decorating opens no connection.
+    each call. ``ttl``, ``blocking``, ``timeout`` and ``reentrant`` are passed to
+    ``LockManager.acquire``; by default the call does not wait. ``manager`` defaults to
+    ``django_mongolock.locks``, looked up at call time, so decorating opens no connection.
+    ``on_lost="exit"`` stops a command (or sync function) whose lock is lost mid-run.
     """
     given: object = key  # checked at run time whatever the annotations say
     if not isinstance(given, str):
@@ -98,6 +116,10 @@ def locked(
         raise ValueError(f"on_busy must be None, 'raise', 'skip' or a callable, not {on_busy!r}")
     if manager is not None and not isinstance(manager, LockManager):
         raise TypeError(f"manager must be a LockManager, not {type(manager).__name__}")
+    if on_lost is not None and on_lost != "exit" and not callable(on_lost):
+        raise ValueError(f"on_lost must be None, 'exit' or a callable, not {on_lost!r:.80}")
+    if type(reentrant) is not bool:
+        raise TypeError(f"reentrant must be True or False, not {reentrant!r}")
 
     options: dict[str, Any] = {
         "ttl": ttl,
@@ -105,6 +127,8 @@ def locked(
         "timeout": timeout,
         "on_busy": on_busy,
         "manager": manager,
+        "on_lost": on_lost,
+        "reentrant": reentrant,
     }
 
     def decorate(target: _F) -> _F:
@@ -112,6 +136,15 @@ def locked(
             return cast(_F, _decorate_class(target, key, fields, options))
         if not callable(target):
             raise TypeError(f"@locked() needs a function, view or command, not {target!r:.80}")
+        if on_lost == "exit" and (
+            iscoroutinefunction(target)
+            or inspect.isgeneratorfunction(target)
+            or inspect.isasyncgenfunction(target)
+        ):
+            raise TypeError(
+                f"on_lost='exit' stops a sync call; {target!r:.80} is a coroutine or generator "
+                "function: use 'async with locks.alock(key, cancel_on_loss=True)' or lk.check()"
+            )
         template = _KeyTemplate.for_callable(key, fields, target)
         return cast(_F, _wrap(target, _Call(template, **options)))
 
@@ -236,6 +269,18 @@ class _Call:
     timeout: float | None
     on_busy: OnBusy
     manager: LockManager | None
+    on_lost: OnLost = None
+    reentrant: bool = False
+
+    def _acquire_options(self) -> dict[str, Any]:
+        """``acquire``/``aacquire`` arguments; ``"exit"`` is this module's, not a callback."""
+        return {
+            "ttl": self.ttl,
+            "blocking": self.blocking,
+            "timeout": self.timeout,
+            "on_lost": None if self.on_lost == "exit" else self.on_lost,
+            "reentrant": self.reentrant,
+        }
 
     def _manager(self) -> LockManager:
         if self.manager is not None:
@@ -246,9 +291,16 @@ class _Call:
 
     def run(self, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = self.key.format(args, kwargs)
+        if self.on_lost == "exit":
+            kind, subject = _call_kind(args)
+            if kind == "view":
+                raise TypeError(
+                    f"on_lost='exit' is for management commands and functions, not views "
+                    f"({self.key.name}): it would interrupt the server's main thread"
+                )
         try:
             manager = self._manager()
-            lock = manager.acquire(key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout)
+            lock = manager.acquire(key, **self._acquire_options())
         except LockNotAcquired as error:
             return self._busy(manager, error, args, kwargs)
         except MongoLockError as error:
@@ -258,6 +310,8 @@ class _Call:
             from django.core.management.base import CommandError
 
             raise CommandError(str(error), returncode=_ERROR_EXIT_CODE) from error
+        if self.on_lost == "exit":
+            return _run_stopping(target, args, kwargs, lock, self.key.name, kind, subject)
         handed_off = False
         try:
             with holding(lock):
@@ -278,9 +332,7 @@ class _Call:
         key = self.key.format(args, kwargs)
         manager = self._manager()
         try:
-            lock = await manager.aacquire(
-                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
-            )
+            lock = await manager.aacquire(key, **self._acquire_options())
         except LockNotAcquired as error:
             if callable(self.on_busy):
                 result = self.on_busy(error, *args, **kwargs)
@@ -302,9 +354,7 @@ class _Call:
         until the iteration ends, also by ``close()`` (and so by garbage collection)."""
         key = self.key.format(args, kwargs)
         try:
-            lock = self._manager().acquire(
-                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
-            )
+            lock = self._manager().acquire(key, **self._acquire_options())
         except LockNotAcquired as error:
             return (yield from self._busy_items(error, args, kwargs))
         try:
@@ -319,9 +369,7 @@ class _Call:
         key = self.key.format(args, kwargs)
         manager = self._manager()
         try:
-            lock = await manager.aacquire(
-                key, ttl=self.ttl, blocking=self.blocking, timeout=self.timeout
-            )
+            lock = await manager.aacquire(key, **self._acquire_options())
         except LockNotAcquired as error:
             result = self._busy_items(error, args, kwargs)
             if inspect.isawaitable(result):
@@ -489,6 +537,11 @@ def _decorate_class(
     view_base = _loaded_class("django.views.generic.base", "View")
     if command_base is not None and issubclass(cls, command_base):
         name, force_async = "handle", False
+    elif options.get("on_lost") == "exit":
+        raise TypeError(
+            f"on_lost='exit' on a class needs a management command (BaseCommand), "
+            f"not {cls.__qualname__}"
+        )
     elif view_base is not None and issubclass(cls, view_base):
         # as_view() runs dispatch() in the event loop for async views: acquire off it.
         name, force_async = "dispatch", bool(cls.view_is_async)
@@ -501,6 +554,156 @@ def _decorate_class(
     template = _KeyTemplate.for_callable(text, fields, method)
     setattr(cls, name, _wrap(method, _Call(template, **options), force_async=force_async))
     return cls
+
+
+# -- on_lost="exit" ----------------------------------------------------------------------------
+
+# The signal that interrupts the main thread: SIGINT, whose default handler Python always
+# installs, so that a loss wakes the main thread from a sleep or a blocking read as Ctrl+C
+# does. While the call runs, a handler of this module takes it, and passes on the others.
+_INTERRUPT: Final = signal.SIGINT
+# How long leaving the call waits for an interrupt already sent to arrive (it is
+# delivered within microseconds): it must be taken here, not by the restored handler.
+_IN_FLIGHT: Final = 1.0
+
+
+class _Interrupted(BaseException):
+    """Raised in the main thread when the call's lock is lost: not an Exception, so that
+    the usual ``except Exception`` in the work does not swallow it."""
+
+
+class _StopOnLoss:
+    """Interrupt the main thread when ``lock`` is lost while the call runs.
+
+    The lock's loss hook (the deadline watch, the refresher) sends the main thread the
+    interrupt the moment ``lost`` is set; this module's signal handler turns it into
+    ``_Interrupted``. Outside the main thread (or when the loss is found by the call
+    itself, as a failed ``refresh()``), nothing is interrupted: the loss is reported
+    when the call returns.
+    """
+
+    def __init__(self, lock: Lock) -> None:
+        self.lock = lock
+        self.lost = False
+        self.closing = False
+        self._mutex = threading.Lock()
+        self._active = False
+        self._sent = False
+        self._delivered = False
+        self._main = threading.current_thread() is threading.main_thread()
+        self._previous: Any = None
+
+    def start(self) -> None:
+        if self._main:
+            self._previous = signal.getsignal(_INTERRUPT)
+            signal.signal(_INTERRUPT, self._handle)
+        self._active = True
+        if not self.lock.add_loss_hook(self._on_loss):
+            self.lost = True  # lost between the acquire and here
+
+    def _on_loss(self) -> None:
+        """The loss hook: runs in the thread that found the loss; must not block."""
+        with self._mutex:
+            if not self._active:
+                return
+            self.lost = True
+            if not self._main or threading.current_thread() is threading.main_thread():
+                return
+            self._sent = True
+            main = threading.main_thread().ident
+            if main is not None and hasattr(signal, "pthread_kill"):
+                signal.pthread_kill(main, _INTERRUPT)
+            else:  # pragma: no cover - platforms without pthread_kill
+                import _thread
+
+                _thread.interrupt_main(_INTERRUPT)
+
+    def _handle(self, signum: int, frame: Any) -> Any:
+        if self._sent and not self._delivered:
+            self._delivered = True
+            if not self.closing:
+                raise _Interrupted
+            return None
+        previous = self._previous
+        if callable(previous):
+            return previous(signum, frame)
+        if previous == signal.SIG_IGN:
+            return None
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        """Stop watching and put the previous handler back; never raises ``_Interrupted``."""
+        self.closing = True
+        with self._mutex:
+            self._active = False
+        self.lock.remove_loss_hook(self._on_loss)
+        if not self._main:
+            return
+        ends = time.monotonic() + _IN_FLIGHT
+        while self._sent and not self._delivered and time.monotonic() < ends:
+            time.sleep(0.001)
+        signal.signal(_INTERRUPT, self._previous)
+
+
+def _run_stopping(
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    lock: Lock,
+    caller: str,
+    kind: _Kind,
+    subject: Any,
+) -> Any:
+    """Run ``target`` holding ``lock``; stop it if the lock is lost (``on_lost="exit"``)."""
+    stop = _StopOnLoss(lock)
+    result: Any = None
+    raised: LockLost | None = None
+    try:
+        try:
+            with holding(lock):
+                try:
+                    stop.start()
+                    result = target(*args, **kwargs)
+                finally:
+                    stop.closing = True
+        except _Interrupted:
+            pass
+        except LockLost as error:
+            if (error.key, error.token) != (lock.key, lock.token):
+                raise
+            raised = error  # the call found out itself: a failed refresh() or check()
+        finally:
+            stop.close()
+    finally:
+        if stop.lost or raised is not None:
+            # Expected to be gone; released all the same in case the lease only lapsed here.
+            with contextlib.suppress(MongoLockError):
+                lock.release()
+        else:
+            _release(lock, caller)
+    if not stop.lost and raised is None:
+        return result
+    lost = raised or _loss_of(lock)
+    if kind != "command":
+        raise lost
+    command = cast("BaseCommand", subject)
+    name = type(command).__module__.rpartition(".")[2]
+    from django.core.management.base import CommandError
+
+    raise CommandError(
+        f"{name}: stopped; lost the lock {lock.key!r} (owner {printable(lock.owner)}, "
+        f"fencing token {lock.token}): {lost.reason}. Exit status {LOST_EXIT_CODE} means the "
+        "lock was lost while the command ran: another run may hold it now.",
+        returncode=LOST_EXIT_CODE,
+    ) from lost
+
+
+def _loss_of(lock: Lock) -> LockLost:
+    try:
+        lock.check()
+    except LockLost as lost:
+        return lost
+    return LockLost(lock.key, lock.owner, lock.token, "it was lost")
 
 
 async def _finish(work: Awaitable[Any], lock: Lock, caller: str) -> Any:

@@ -123,10 +123,10 @@ class Lock:
         """
         if self._pid != os.getpid():
             reason = f"it belongs to process {self._pid}, not to this forked child"
-        elif self._released:
-            reason = "it was released"
         elif self._lost:
             reason = self._loss or "it was lost"
+        elif self._released:
+            reason = "it was released"
         else:
             now = clock.now()
             if now < self._deadline:
