@@ -974,8 +974,19 @@ class LockStore:
                 )
             return doc
 
-        with self._translate, self.collection.database.client.start_session() as session:
-            doc = session.with_transaction(delete_and_record)
+        client = self.collection.database.client
+        # Not with_transaction(): it retries for up to two minutes. A write conflict with
+        # the holder's refresh is retried a few times, all within one time budget.
+        with self._translate, pymongo.timeout(self.timeout), client.start_session() as session:
+            for attempt in range(_TRANSACTION_ATTEMPTS):
+                try:
+                    with session.start_transaction():
+                        doc = delete_and_record(session)
+                    break
+                except PyMongoError as exc:
+                    transient = exc.has_error_label("TransientTransactionError")
+                    if not transient or attempt + 1 == _TRANSACTION_ATTEMPTS:
+                        raise
         return None if doc is None else LockInfo.from_document(doc)
 
     def history(self, key: str, limit: int | None = 100) -> list[AuditEntry]:
@@ -1036,6 +1047,9 @@ class LockStore:
                     item = IndexAction(item.name, item.description, "updated", item.detail)
                 done.append(item)
         return done
+
+
+_TRANSACTION_ATTEMPTS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)

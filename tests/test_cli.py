@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 import pytest
 from pytest_django.fixtures import Settings
 
-from django_mongolock import LockLost, LockManager, locks
+from django_mongolock import LockLost, LockManager, clock, locks
 from django_mongolock.management.commands.mongolock import Command, _relative
 from tests.utils import run_command
 
@@ -159,15 +162,16 @@ def test_list_live_as_a_table(some_locks: dict[str, Any]) -> None:
     assert (code, err) == (0, "")
     lines = out.splitlines()
     header = lines[0].split()
-    assert header == ["KEY", "STATE", "OWNER", "TOKEN", "ACQUIRED", "EXPIRES"]
+    assert header == ["KEY", "STATE", "OWNER", "TOKEN", "ACQUIRED", "EXPIRES", "PROCESS"]
     rows = lines[1:-1]
     assert [row.split()[0] for row in rows] == ["invoice-1", "invoice-2", "report-gen"]
     for row in rows:
-        key, state, owner, token, acquired, *expires = row.split()
+        key, state, owner, token, acquired, *expires, process = row.split()
         lock = some_locks[key]
         assert (state, owner, token) == ("live", lock.owner, str(lock.token))
         assert acquired == "now" or acquired.endswith("s")
         assert " ".join(expires) in ("in 59s", "in 1m")
+        assert process == "-"  # no heartbeat yet: the first comes with the first refresh
     # The columns line up with the header.
     assert {row.index(" live ") for row in rows} == {lines[0].index("STATE") - 1}
     assert lines[-1] == "3 live locks"
@@ -182,7 +186,7 @@ def test_list_expired_all_prefix_owner_order(some_locks: dict[str, Any]) -> None
     assert keys("--expired") == ["invoice-0", "old-job"]
     out = run_command("mongolock", "list", "--expired")[0]
     assert "expired" in out.splitlines()[1]
-    assert out.splitlines()[1].endswith("1h ago")
+    assert out.splitlines()[1].endswith("1h ago     -")
     assert keys("--all") == ["invoice-0", "invoice-1", "invoice-2", "old-job", "report-gen"]
     assert keys("--all", "--prefix", "invoice-") == ["invoice-0", "invoice-1", "invoice-2"]
     assert keys("--all", "--owner", "cron-7") == ["old-job"]
@@ -338,14 +342,15 @@ def test_list_into_a_closed_pipe_stops_quietly(mongolock_url: str, mongolock_dat
 def test_help_shows_subcommands_examples_and_exit_codes() -> None:
     parser = Command().create_parser("manage.py", "mongolock")
     text = parser.format_help()
-    for needle in ("release", "list", "status", "examples:", "mongolock list --all"):
+    for needle in ("release", "list", "status", "history", "examples:", "mongolock list --all"):
         assert needle in text
     assert "exit status:\n  0   done\n  1   no such lock" in text
+    assert "  3   (release) the holder's process is alive" in text
     assert "  75  " in text
     actions = [action for action in parser._actions if action.dest == "subcommand"]
     subparsers = actions[0].choices
     assert isinstance(subparsers, dict)
-    for name in ("release", "list", "status"):
+    for name in ("release", "list", "status", "history"):
         sub = subparsers[name].format_help()
         assert "exit status:" in sub
     listing = subparsers["list"].format_help()
@@ -361,7 +366,15 @@ def test_a_subcommand_is_required() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [("list",), ("list", "--json"), ("list", "-v", "0"), ("status", "k"), ("release", "k")],
+    [
+        ("list",),
+        ("list", "--json"),
+        ("list", "-v", "0"),
+        ("status", "k"),
+        ("release", "k"),
+        ("release", "k", "--force"),
+        ("history", "k"),
+    ],
 )
 def test_server_errors_exit_2(settings: Settings, args: tuple[str, ...]) -> None:
     settings.MONGOLOCK = {"URL": "mongodb://127.0.0.1:9/", "SERVER_SELECTION_TIMEOUT": 0.3}
@@ -473,3 +486,157 @@ def test_json_keeps_keys_and_owners_exact_in_ascii(hostile: list[Any]) -> None:
     assert code == 0
     assert out.isascii()
     assert json.loads(out)["holders"][0]["owner"] == shared.owner
+
+
+# -- holder liveness, --force, --reason and history ------------------------------------------
+
+
+def _alive(manager: LockManager, key: str) -> Any:
+    """Hold ``key`` with a short lease until the refresher has sent a heartbeat (bounded)."""
+    lock = manager.acquire(key, ttl=0.6)
+    deadline = clock.now() + 10
+    while not getattr(locks.status(key), "holder_alive", False):
+        assert clock.now() < deadline, "no heartbeat within 10s"
+        time.sleep(0.05)
+    return lock
+
+
+def test_release_refuses_while_the_holder_process_is_alive(other: LockManager) -> None:
+    lock = _alive(other, "job")
+    out, err, code = run_command("mongolock", "release", "job")
+    assert (out, code) == ("", 3)
+    assert f"lock 'job' is held by {lock.owner} (token {lock.token}), whose process is alive" in err
+    assert "nothing released" in err
+    assert "--force" in err
+    assert lock.valid
+    assert locks.history("job") == []
+    out, err, code = run_command(
+        "mongolock", "release", "job", "--force", "--reason", "stuck since noon", "-v", "2"
+    )
+    assert (code, err) == (0, "")
+    assert out.startswith(f"Released 'job': held by {lock.owner} (token {lock.token})")
+    assert "Recorded in the audit trail: stuck since noon." in out
+    assert locks.status("job") is None
+    [entry] = locks.history("job")
+    assert (entry.owner, entry.token, entry.reason) == (lock.owner, lock.token, "stuck since noon")
+    assert entry.by == f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def test_release_of_an_unknown_or_dead_holder_proceeds_and_is_recorded() -> None:
+    _insert_expired("stale")
+    locks.store.processes.insert_one(
+        {
+            "_id": "gone:1",
+            "seen_at": datetime.now(UTC) - timedelta(hours=1),
+            "alive_until": datetime.now(UTC) - timedelta(minutes=59),
+            "interval": 10.0,
+        }
+    )
+    assert locks.status("stale").holder_alive is False  # type: ignore[union-attr]
+    _out, err, code = run_command("mongolock", "release", "stale", "--reason", "cleanup")
+    assert (code, err) == (0, "")
+    [entry] = locks.history("stale")
+    assert (entry.owner, entry.token, entry.reason, entry.expired) == (
+        "gone:1:dead",
+        5,
+        "cleanup",
+        True,
+    )
+
+
+def test_status_and_list_show_the_holder_process(other: LockManager) -> None:
+    lock = _alive(other, "job")
+    out, err, code = run_command("mongolock", "status", "job")
+    assert (code, err) == (0, "")
+    assert "process:     alive (last heartbeat " in out
+    data = json.loads(run_command("mongolock", "status", "job", "--json")[0])
+    assert data["holder_alive"] is True
+    assert 0 <= data["holder_silent_for"] < 10
+    out = run_command("mongolock", "list")[0]
+    assert out.splitlines()[1].split()[-1] == "alive"
+    [row] = [
+        json.loads(line) for line in run_command("mongolock", "list", "--json")[0].splitlines()
+    ]
+    assert (row["owner"], row["holder_alive"]) == (lock.owner, True)
+    _insert_expired("stale")
+    out = run_command("mongolock", "status", "stale")[0]
+    assert "process:     unknown (no heartbeat on record)" in out
+    assert (
+        json.loads(run_command("mongolock", "status", "stale", "--json")[0])["holder_alive"] is None
+    )
+
+
+def test_history_table_json_and_none(other: LockManager) -> None:
+    assert run_command("mongolock", "history", "job") == (
+        "No force releases of 'job' on record.\n",
+        "",
+        0,
+    )
+    assert run_command("mongolock", "history", "job", "--json") == ("", "", 0)
+    first = other.acquire("job", ttl=30)
+    locks.force_release("job", reason="first", by="alice@admin")
+    second = other.acquire("job", ttl=30)
+    run_command("mongolock", "release", "job")
+    out, err, code = run_command("mongolock", "history", "job")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == ["WHEN", "BY", "OWNER", "TOKEN", "REASON"]
+    newest, oldest = lines[1].split(), lines[2].split()
+    assert newest[3:] == [
+        f"{getpass.getuser()}@{socket.gethostname()}",
+        second.owner,
+        str(second.token),
+        "-",
+    ]
+    assert oldest[3:] == ["alice@admin", first.owner, str(first.token), "first"]
+    assert lines[-1] == "2 force releases"
+    rows = [
+        json.loads(line)
+        for line in run_command("mongolock", "history", "job", "--json")[0].splitlines()
+    ]
+    assert [row["token"] for row in rows] == [second.token, first.token]
+    assert rows[1] == {
+        "key": "job",
+        "owner": first.owner,
+        "token": first.token,
+        "by": "alice@admin",
+        "reason": "first",
+        "at": rows[1]["at"],
+        "expired": False,
+    }
+    assert (
+        len(run_command("mongolock", "history", "job", "--limit", "1", "--json")[0].splitlines())
+        == 1
+    )
+    _, err, code = run_command("mongolock", "history", "job", "--limit", "-1")
+    assert code == 2
+    assert "limit" in err
+    _, err, code = run_command("mongolock", "history", "")
+    assert code == 2
+    assert "must not be empty" in err
+
+
+def test_history_escapes_what_a_terminal_would_act_on(hostile: list[Any]) -> None:
+    lock = hostile[0]
+    reason = "\x1b[2Jwiped\nfake row"
+    out, err, code = run_command("mongolock", "release", lock.key, "--reason", reason, "-v", "2")
+    assert (code, err) == (0, "")
+    assert _raw_controls(out) == set()
+    out, err, code = run_command("mongolock", "history", lock.key)
+    assert (code, err) == (0, "")
+    assert _raw_controls(out) == set()
+    assert r"owner\x1b]0;pwned\x07\n\u2066x:" in out
+    assert r"\x1b[2Jwiped\nfake row" in out
+    assert len(out.splitlines()) == 3
+    out = run_command("mongolock", "history", lock.key, "--json")[0]
+    assert out.isascii()
+    assert json.loads(out)["reason"] == reason
+
+
+def test_release_with_a_bad_reason_changes_nothing(other: LockManager) -> None:
+    other.acquire("job", ttl=30)
+    _, err, code = run_command("mongolock", "release", "job", "--reason", "x" * 1001)
+    assert code == 2
+    assert "reason must be" in err
+    assert locks.status("job") is not None
+    assert locks.history("job") == []

@@ -161,3 +161,18 @@ def test_audit_retention_is_validated() -> None:
         LockManager("mongodb://localhost/", audit_retention=-1)
     assert LockManager("mongodb://localhost/", retention=7).audit_retention == 7
     assert LockManager("mongodb://localhost/", audit_retention=9).audit_retention == 9
+
+
+def test_force_releases_racing_the_holders_refreshes_are_each_recorded(
+    manager: LockManager, other: LockManager
+) -> None:
+    # Leases of 0.15 s are refreshed every 0.05 s: the transaction meets those writes.
+    tokens = []
+    for _ in range(30):
+        lock = other.acquire("busy", ttl=0.15)
+        time.sleep(0.02)
+        info = manager.force_release("busy", reason="race")
+        assert info is not None
+        assert info.token == lock.token
+        tokens.append(lock.token)
+    assert [entry.token for entry in manager.history("busy")] == tokens[::-1]

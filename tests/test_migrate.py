@@ -6,13 +6,32 @@ from typing import Any
 
 from pytest_django.fixtures import Settings as SettingsWrapper
 
-from django_mongolock import locks
-from django_mongolock.store import KEY_INDEX, TTL_INDEX
+from django_mongolock import conf, locks
+from django_mongolock.store import (
+    AUDIT_KEY_INDEX,
+    AUDIT_TTL_INDEX,
+    KEY_INDEX,
+    PROCESS_TTL_INDEX,
+    TTL_INDEX,
+)
 from tests.utils import run_command
 
 
 def _indexes() -> dict[str, Any]:
     return dict(locks.store.collection.index_information())
+
+
+def _row(out: str, description: str) -> str:
+    """What migrate_mongolock said of the index ``description``."""
+    [line] = [line for line in out.splitlines() if f": {description} " in line]
+    return line.split(f": {description} ", 1)[1].strip()
+
+
+def _side_ttls() -> tuple[int, int]:
+    """expireAfterSeconds of the heartbeat and the audit TTL indexes."""
+    processes = locks.store.processes.index_information()[PROCESS_TTL_INDEX]
+    audit = locks.store.audit.index_information()[AUDIT_TTL_INDEX]
+    return processes["expireAfterSeconds"], audit["expireAfterSeconds"]
 
 
 def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
@@ -24,7 +43,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("created") == 2
+    assert out.count("created") == 5
     indexes = _indexes()
     assert indexes[KEY_INDEX]["unique"] is True
     assert indexes[KEY_INDEX]["key"] == [("key", 1)]
@@ -32,7 +51,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("unchanged") == 2
+    assert out.count("unchanged") == 5
     assert "created" not in out
     assert run_command("migrate_mongolock", "--check")[2] == 0
 
@@ -49,8 +68,10 @@ def test_changed_retention_is_updated_in_place(
     assert "was 600" in out
     out, _, code = run_command("migrate_mongolock")
     assert code == 0
-    assert "updated (was 600)" in out
+    # The heartbeats follow RETENTION too; the audit trail, without AUDIT_RETENTION, as well.
+    assert out.count("updated (was 600)") == 3
     assert _indexes()[TTL_INDEX]["expireAfterSeconds"] == 120
+    assert _side_ttls() == (120, 120)
     assert run_command("migrate_mongolock", "--check")[2] == 0
     # Updating the index in place kept the lock documents.
     status = locks.status("survives")
@@ -75,3 +96,48 @@ def test_standalone_server(settings: SettingsWrapper, standalone: str) -> None:
     _, err, code = run_command("migrate_mongolock", "--check")
     assert code == 1
     assert "replica set" in err
+
+
+def test_heartbeat_and_audit_indexes(mongolock_settings: dict[str, Any]) -> None:
+    out, err, code = run_command("migrate_mongolock")
+    assert (code, err) == (0, "")
+    assert _row(out, "heartbeats: TTL index on alive_until (expireAfterSeconds=600)") == "created"
+    assert _row(out, "audit trail: TTL index on at (expireAfterSeconds=600)") == "created"
+    assert _row(out, "audit trail: index on key, at") == "created"
+    assert _side_ttls() == (600, 600)
+    assert locks.store.audit.index_information()[AUDIT_KEY_INDEX]["key"] == [
+        ("key", 1),
+        ("at", -1),
+    ]
+
+
+def test_audit_retention_of_its_own(
+    mongolock_settings: dict[str, Any], settings: SettingsWrapper
+) -> None:
+    run_command("migrate_mongolock")
+    locks.store.audit.insert_one({"key": "k", "by": "x", "token": 1})
+    settings.MONGOLOCK = {**mongolock_settings, "AUDIT_RETENTION": 86400 * 90}
+    out, _, code = run_command("migrate_mongolock", "--check")
+    assert code == 1
+    assert _row(out, "audit trail: TTL index on at (expireAfterSeconds=7776000)") == (
+        "differs (was 600)"
+    )
+    assert out.count("differs") == 1  # the locks and heartbeats follow RETENTION, unchanged
+    out, _, code = run_command("migrate_mongolock")
+    assert code == 0
+    assert out.count("updated (was 600)") == 1
+    assert _side_ttls() == (600, 86400 * 90)
+    assert locks.store.audit.count_documents({}) == 1  # updated in place: records kept
+    out, _, code = run_command("migrate_mongolock")
+    assert (code, out.count("unchanged")) == (0, 5)
+
+
+def test_audit_retention_is_checked(
+    mongolock_settings: dict[str, Any], settings: SettingsWrapper
+) -> None:
+    settings.MONGOLOCK = {**mongolock_settings, "AUDIT_RETENTION": -5}
+    _, err, code = run_command("migrate_mongolock")
+    assert code != 0
+    assert "AUDIT_RETENTION" in err
+    problems = {problem.id: problem.msg for problem in conf.settings_problems()}
+    assert "MONGOLOCK['AUDIT_RETENTION'] must be None or a whole number" in problems["E014"]

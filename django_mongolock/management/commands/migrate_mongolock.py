@@ -14,9 +14,12 @@ from django_mongolock.terminal import printable
 class Command(BaseCommand):
     help = (
         "Create the unique index on the lock key and the TTL index that purges expired "
-        "lock documents RETENTION seconds after they expire. Idempotent; updates the TTL "
-        "in place when RETENTION changed. With --check, changes nothing and exits 1 when "
-        "something is missing or out of date (for deploy pipelines)."
+        "lock documents RETENTION seconds after they expire, and the indexes of the "
+        "heartbeat (<collection>.processes, purged RETENTION seconds after a process "
+        "stops) and audit (<collection>.audit, purged AUDIT_RETENTION seconds after a "
+        "force release) collections. Idempotent; updates a TTL in place when its "
+        "setting changed. With --check, changes nothing and exits 1 when something is "
+        "missing or out of date (for deploy pipelines)."
     )
     requires_system_checks: list[str] = []
 
@@ -29,13 +32,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, check: bool, verbosity: int, **options: Any) -> None:
-        manager = conf.get_manager()
-        target = printable(f"{manager.database}.{manager.collection}")
         try:
+            manager = conf.get_manager()  # invalid settings: a message, not a traceback
             kind = manager.server_kind()
             plan = manager.check_indexes() if check else manager.ensure_indexes()
         except MongoLockError as exc:
             raise CommandError(str(exc), returncode=2) from exc
+        target = printable(f"{manager.database}.{manager.collection}")
         width = max(len(item.description) for item in plan)
         styles = {
             "created": self.style.SUCCESS,

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from argparse import SUPPRESS, ArgumentParser
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any, Final
 
@@ -22,17 +22,19 @@ from django_mongolock import conf
 from django_mongolock.decorators import BUSY_EXIT_CODE
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.manager import LockManager
-from django_mongolock.store import LockInfo, Order, State
+from django_mongolock.store import AuditEntry, LockInfo, Order, State
 from django_mongolock.terminal import printable
 from django_mongolock.validation import validate_key
 
 RELEASE: Final = "release"
 LIST: Final = "list"
 STATUS: Final = "status"
+HISTORY: Final = "history"
 
 EXIT_OK: Final = 0
 EXIT_NO_LOCK: Final = 1
 EXIT_ERROR: Final = 2
+EXIT_HOLDER_ALIVE: Final = 3
 
 # Column widths come from the first rows only, so that a listing of any length streams;
 # a longer value later overflows its column instead of being cut (keys must stay whole
@@ -40,6 +42,7 @@ EXIT_ERROR: Final = 2
 _WIDTH_SAMPLE: Final = 1000
 _MAX_KEY_WIDTH: Final = 60
 _MAX_OWNER_WIDTH: Final = 48
+_MAX_REASON_WIDTH: Final = 60
 
 _ORDERS: Final[dict[tuple[str, bool], Order]] = {
     ("key", False): "key",
@@ -55,6 +58,7 @@ exit status:
   {EXIT_OK}   done
   {EXIT_NO_LOCK}   no such lock (release, status)
   {EXIT_ERROR}   MongoDB could not be reached or refused; invalid settings or arguments
+  {EXIT_HOLDER_ALIVE}   (release) the holder's process is alive: nothing released (see --force)
   {BUSY_EXIT_CODE}  (from commands decorated with @locked) the lock was busy: try again later
 """
 
@@ -64,7 +68,9 @@ examples:
   python manage.py mongolock list --all --prefix invoice-
   python manage.py mongolock list --expired --json        expired locks, as JSON lines
   python manage.py mongolock status report-gen
-  python manage.py mongolock release report-gen           the holder loses the lock
+  python manage.py mongolock release report-gen           refused while its holder lives
+  python manage.py mongolock release report-gen --force --reason "stuck since noon"
+  python manage.py mongolock history report-gen           who force-released it, and why
 
 {EXIT_CODES}"""
 
@@ -98,10 +104,12 @@ class Command(BaseCommand):
 
         release = commands.add_parser(
             RELEASE,
-            help="force-release a lock, whoever holds it",
-            description="Remove the lock KEY whoever holds it and print who held it. The "
-            "former holder sees its lock as lost at its next refresh; its fencing token is "
-            "stale from now on. Exits 1 when there is no such lock.",
+            help="force-release a lock (refused while its holder's process is alive)",
+            description="Remove the lock KEY and print who held it. The former holder sees "
+            "its lock as lost at its next refresh; its fencing token is stale from now on. "
+            f"Refused (exit {EXIT_HOLDER_ALIVE}) while the holder's process sends heartbeats, "
+            "unless --force. Every release is recorded in the audit trail (see history), "
+            "with your OS user@host. Exits 1 when there is no such lock.",
             epilog=EXIT_CODES,
             formatter_class=_HelpFormatter,
         )
@@ -113,6 +121,38 @@ class Command(BaseCommand):
             metavar="TOKEN",
             help="release only while the lock still has this fencing token (so that a "
             "holder that took it since is left alone)",
+        )
+        release.add_argument(
+            "--force",
+            action="store_true",
+            help="release even though the holder's process is alive",
+        )
+        release.add_argument(
+            "--reason",
+            default="",
+            metavar="TEXT",
+            help="why, for the audit trail (see history)",
+        )
+
+        history = commands.add_parser(
+            HISTORY,
+            help="show who force-released a lock, when and why",
+            description="The force releases of KEY still on record (AUDIT_RETENTION), "
+            "newest first: when (server time), by whom, the former owner and token, and "
+            "the reason. Exits 0, also when there are none.",
+            epilog=EXIT_CODES,
+            formatter_class=_HelpFormatter,
+        )
+        _shared_options(history)
+        history.add_argument("key", metavar="KEY", help="the lock's key")
+        history.add_argument(
+            "--limit", type=int, default=100, metavar="N", help="at most N entries (100)"
+        )
+        history.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="one JSON object per line (AuditEntry.as_dict()) instead of a table",
         )
 
         listing = commands.add_parser(
@@ -169,13 +209,22 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, subcommand: str, verbosity: int, **options: Any) -> None:
         try:
-            key = validate_key(options["key"]) if subcommand in (RELEASE, STATUS) else ""
+            key = validate_key(options["key"]) if subcommand != LIST else ""
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         try:
             manager = conf.get_manager()
             if subcommand == RELEASE:
-                self._release(manager, key, options["token"], verbosity)
+                self._release(
+                    manager,
+                    key,
+                    options["token"],
+                    verbosity,
+                    force=options["force"],
+                    reason=options["reason"],
+                )
+            elif subcommand == HISTORY:
+                self._history(manager, key, options["limit"], options["as_json"], verbosity)
             elif subcommand == STATUS:
                 self._status(manager, key, options["as_json"], verbosity)
             else:
@@ -194,9 +243,22 @@ class Command(BaseCommand):
 
     # -- subcommands -------------------------------------------------------------------------
 
-    def _release(self, manager: LockManager, key: str, token: int | None, verbosity: int) -> None:
+    def _release(
+        self,
+        manager: LockManager,
+        key: str,
+        token: int | None,
+        verbosity: int,
+        *,
+        force: bool,
+        reason: str,
+    ) -> None:
+        if not force:
+            # Release exactly the lease that was found dead or unknown: one taken since
+            # by a live process is left alone (then the token no longer matches).
+            token = self._refuse_alive(manager, key, token)
         try:
-            info = manager.force_release(key, token=token)
+            info = manager.force_release(key, token=token, reason=reason)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         if info is None:
@@ -220,6 +282,69 @@ class Command(BaseCommand):
             f"{head}: held by {_who(info)} (token {info.token}), acquired "
             f"{_relative(-_age(info))}; {lease}."
         )
+        if verbosity >= 2:
+            why = f": {printable(reason)}" if reason else " (no reason given)"
+            self.stdout.write(f"Recorded in the audit trail{why}.")
+
+    def _refuse_alive(self, manager: LockManager, key: str, token: int | None) -> int | None:
+        """The token to release at; CommandError while the holder's process is alive."""
+        current = manager.status(key)
+        if current is None or (token is not None and current.token != token):
+            return token  # force_release finds nothing and says so
+        if current.holder_alive:
+            silent = current.holder_silent_for or 0.0
+            raise CommandError(
+                f"lock {key!r} is held by {_who(current)} (token {current.token}), whose "
+                f"process is alive (last heartbeat {_relative(-silent)}); nothing released. "
+                "Stop the holder, or pass --force to break its lock anyway.",
+                returncode=EXIT_HOLDER_ALIVE,
+            )
+        return current.token
+
+    def _history(
+        self, manager: LockManager, key: str, limit: int, as_json: bool, verbosity: int
+    ) -> None:
+        try:
+            entries = manager.history(key, limit=limit)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
+        if verbosity < 1:
+            return
+        if as_json:
+            for entry in entries:
+                self.stdout.write(json.dumps(entry.as_dict(), ensure_ascii=True))
+            return
+        if not entries:
+            self.stdout.write(f"No force releases of {key!r} on record.")
+            return
+        self._history_table(entries)
+
+    def _history_table(self, entries: Iterable[AuditEntry]) -> None:
+        rows = [
+            (
+                _timestamp(entry.at),
+                printable(entry.by),
+                printable(entry.owner) + (" (expired)" if entry.expired else ""),
+                str(entry.token),
+                printable(entry.reason)[:_MAX_REASON_WIDTH] or "-",
+            )
+            for entry in entries
+        ]
+        heads = ("WHEN", "BY", "OWNER", "TOKEN", "REASON")
+        widths = [max(len(head), *(len(row[i]) for row in rows)) for i, head in enumerate(heads)]
+        widths[1] = min(widths[1], _MAX_OWNER_WIDTH)
+        widths[2] = min(widths[2], _MAX_OWNER_WIDTH)
+
+        def line(cells: tuple[str, ...]) -> str:
+            return "  ".join(
+                f"{cell:>{width}}" if i == 3 else f"{cell:<{width}}"
+                for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+            ).rstrip()
+
+        self.stdout.write(self.style.MIGRATE_HEADING(line(heads)))
+        for row in rows:
+            self.stdout.write(line(row))
+        self.stdout.write(f"{len(rows)} force release{_s(len(rows))}")
 
     def _status(self, manager: LockManager, key: str, as_json: bool, verbosity: int) -> None:
         info = manager.status(key)
@@ -243,6 +368,7 @@ class Command(BaseCommand):
                 f"{_timestamp(info.expires_at)} ({_relative(info.remaining)})",
             ),
             ("ttl", f"{info.ttl:g}s"),
+            ("process", _process(info)),
             ("server time", _timestamp(info.now)),
         ]
         if not info.owner:
@@ -275,7 +401,7 @@ class Command(BaseCommand):
         if verbosity < 1:
             manager.count(state, prefix, owner)  # still report a server that cannot answer
             return
-        rows = manager.iter_locks(state, prefix, owner=owner, order=order)
+        rows = _with_liveness(manager, manager.iter_locks(state, prefix, owner=owner, order=order))
         try:
             if as_json:
                 for info in rows:
@@ -296,7 +422,7 @@ class Command(BaseCommand):
         token_width = max(5, *(len(str(info.token)) for info in sample))
         header = (
             f"{'KEY':<{key_width}}  {'STATE':<7}  {'OWNER':<{owner_width}}  "
-            f"{'TOKEN':>{token_width}}  {'ACQUIRED':<9}  EXPIRES"
+            f"{'TOKEN':>{token_width}}  {'ACQUIRED':<9}  {'EXPIRES':<9}  PROCESS"
         )
         self.stdout.write(self.style.MIGRATE_HEADING(header))
         count = 0
@@ -305,7 +431,7 @@ class Command(BaseCommand):
                 f"{printable(info.key):<{key_width}}  {self._state(info, 7)}  "
                 f"{_who(info):<{owner_width}}  "
                 f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
-                f"{_relative(info.remaining)}"
+                f"{_relative(info.remaining):<9}  {_process(info, brief=True)}"
             )
             count += 1
         self.stdout.write(f"{count} {'' if state == 'all' else state + ' '}lock{_s(count)}")
@@ -330,6 +456,26 @@ def _shared_options(parser: ArgumentParser) -> None:
     )
     for flag in ("--traceback", "--no-color", "--force-color"):
         parser.add_argument(flag, action="store_true", default=SUPPRESS, help=SUPPRESS)
+
+
+def _with_liveness(manager: LockManager, rows: Iterator[LockInfo]) -> Iterator[LockInfo]:
+    """``rows`` with their holders' liveness: one query per batch, never per lock."""
+    while batch := list(itertools.islice(rows, _WIDTH_SAMPLE)):
+        yield from manager.store.with_liveness(batch)
+
+
+def _process(info: LockInfo, *, brief: bool = False) -> str:
+    """Whether the holder's process is alive, by its heartbeats (server time)."""
+    silent = info.holder_silent_for
+    if info.holder_alive is None or silent is None:
+        return "-" if brief else "unknown (no heartbeat on record)"
+    if info.holder_alive:
+        return "alive" if brief else f"alive (last heartbeat {_relative(-silent)})"
+    return (
+        f"silent {_relative(silent).removeprefix('in ')}"
+        if brief
+        else (f"not alive (silent for {_relative(silent).removeprefix('in ')})")
+    )
 
 
 def _age(info: LockInfo) -> float:
