@@ -20,17 +20,38 @@ from typing import Any, TypeVar
 
 from django.db import models, router, transaction
 from django.db.models import F, Q, QuerySet
+from django.db.models.lookups import Exact
 
 from django_mongolock.exceptions import FenceKeyConflict, StaleTokenError
 from django_mongolock.fencing.common import check_lock, shown
 from django_mongolock.lock import Lock
 
-__all__ = ["KEY_MAX_LENGTH", "FenceField", "fenced_save", "fenced_update"]
+__all__ = ["KEY_MAX_LENGTH", "FenceField", "FenceKeyField", "fenced_save", "fenced_update"]
 
 KEY_MAX_LENGTH = 1024
 """The companion key column's length: lock keys are at most 1024 bytes (``validation``)."""
 
 _M = TypeVar("_M", bound=models.Model)
+
+
+class FenceKeyField(models.CharField):  # type: ignore[type-arg]
+    """The companion column of a FenceField: the lock key its fence belongs to.
+
+    Its ``samekey`` lookup compares byte for byte on every backend: MySQL's default
+    collations would take "Report" and "report", or "k" and "k ", for one key.
+    """
+
+
+@FenceKeyField.register_lookup
+class SameKey(Exact):
+    """``fence_key__samekey=key``: equal as bytes (``= BINARY %s`` on MySQL/MariaDB)."""
+
+    lookup_name = "samekey"
+
+    def get_rhs_op(self, connection: Any, rhs: str) -> str:
+        if connection.vendor == "mysql":
+            return f"= BINARY {rhs}"
+        return f"= {rhs}"
 
 
 class FenceField(models.BigIntegerField):  # type: ignore[type-arg]
@@ -65,7 +86,7 @@ class FenceField(models.BigIntegerField):  # type: ignore[type-arg]
         # live in the module "__fake__": adding it there too would add it twice.
         if cls._meta.abstract or cls.__module__ == "__fake__":
             return
-        companion = models.CharField(
+        companion = FenceKeyField(
             max_length=KEY_MAX_LENGTH, null=True, default=None, editable=False
         )
         cls.add_to_class(self.key_name, companion)
@@ -104,7 +125,7 @@ def fenced_update(queryset: QuerySet[_M], lock: Lock, **values: Any) -> int:
         if name in (fence.name, fence.attname, fence.key_name):
             raise ValueError(f"{name!r} is set by the fenced write itself, to the lock's token/key")
     allowed = Q(**{f"{fence.name}__isnull": True}) | Q(
-        **{f"{fence.name}__lte": lock.token, fence.key_name: lock.key}
+        **{f"{fence.name}__lte": lock.token, f"{fence.key_name}__samekey": lock.key}
     )
     written = queryset.filter(allowed).update(
         **values, **{fence.name: lock.token, fence.key_name: lock.key}

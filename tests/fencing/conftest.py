@@ -1,6 +1,7 @@
 """Fixtures of the fenced-write tests: a PostgreSQL server, and the database aliases they use.
 
-The aliases (``fence_sqlite``, a file so that another process sees it, and ``fence_pg``)
+The aliases (``fence_sqlite``, a file so that another process sees it, ``fence_pg`` and
+``fence_mysql``, on MariaDB)
 are added to Django's connections only for the test that asks for one, and removed after
 it, so the rest of the suite, and pytest-django's own test databases, never see them.
 """
@@ -17,10 +18,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
+from tests.fencing.mariadb import MariaDBServer
 from tests.fencing.postgres import PostgresServer
 from tests.fencingapp.models import Report
 
-ALIASES = ("fence_sqlite", "fence_pg")
+ALIASES = ("fence_sqlite", "fence_pg", "fence_mysql")
 
 
 @contextlib.contextmanager
@@ -52,17 +54,32 @@ def postgres() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDBServer]:
+    """A MariaDB server of the session's own, stopped (and checked stopped) at the end."""
+    server = MariaDBServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        assert server.process is None or server.process.poll() is not None, "mariadbd left running"
+
+
+@pytest.fixture(scope="session")
 def fence_databases(
     postgres: PostgresServer,
+    mariadb: MariaDBServer,
     tmp_path_factory: pytest.TempPathFactory,
     django_db_blocker: Any,
 ) -> dict[str, dict[str, Any]]:
     """The aliases' settings, their databases created and migrated once for the session."""
     sqlite_file: Path = tmp_path_factory.mktemp("fencing") / "fencing.sqlite3"
     postgres.create_database("fencing")
+    mariadb.create_database("fencing")
     databases = {
         "fence_sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(sqlite_file)},
         "fence_pg": postgres.django_settings("fencing"),
+        "fence_mysql": mariadb.django_settings("fencing"),
     }
     with django_db_blocker.unblock():
         for alias, config in databases.items():

@@ -94,6 +94,20 @@ def test_a_lock_of_another_key_is_refused_even_with_a_greater_token(
     assert stored(db_alias) == ("by report", first.token, "report")
 
 
+@pytest.mark.parametrize("near", ["Report", "report ", "REPORT"])
+def test_keys_are_compared_byte_for_byte(db_alias: str, manager: LockManager, near: str) -> None:
+    """A case-insensitive or space-padding collation (MySQL's default) must not merge keys."""
+    Report.objects.using(db_alias).create(name="daily")
+    first = manager.acquire("report", ttl=30)
+    rows = Report.objects.using(db_alias).filter(name="daily")
+    assert fenced_update(rows, first, body="by report") == 1
+    other = manager.acquire(near, ttl=30)
+    assert other.token > first.token
+    with pytest.raises(FenceKeyConflict):
+        fenced_update(rows, other, body="by a near key")
+    assert stored(db_alias) == ("by report", first.token, "report")
+
+
 def test_no_matching_rows_is_zero_not_an_error(db_alias: str, manager: LockManager) -> None:
     lk = manager.acquire("report", ttl=30)
     assert fenced_update(Report.objects.using(db_alias).filter(name="missing"), lk, body="x") == 0
