@@ -23,8 +23,11 @@ has_lib liblzma.so.5 || packages+=(liblzma5)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
 # The clock skew tests of `make test-reliability` run a lock client under libfaketime.
 command -v faketime >/dev/null 2>&1 || packages+=(faketime)
-# The fenced-write tests start a PostgreSQL server from Debian's binaries.
+# The fenced-write tests start PostgreSQL and MariaDB servers from Debian's binaries;
+# mysqlclient builds against libmariadb.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || packages+=(postgresql)
+[ -x /usr/sbin/mariadbd ] || packages+=(mariadb-server)
+pkg-config --exists libmariadb 2>/dev/null || packages+=(libmariadb-dev pkg-config gcc libc6-dev)
 
 if ((${#packages[@]})); then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
