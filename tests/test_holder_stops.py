@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -193,3 +194,35 @@ def test_cancel_on_loss_needs_async_with(manager: LockManager) -> None:
     assert manager.status("cancel-sync") is None
     with pytest.raises(TypeError, match="cancel_on_loss"):
         manager.alock("cancel-sync", cancel_on_loss=1)  # type: ignore[arg-type]
+
+
+def test_the_cancel_does_not_wait_for_the_loss_notices(manager: LockManager) -> None:
+    """The block is cancelled when ``lost`` is set, even while a lock_lost receiver blocks."""
+    from django_mongolock.signals import lock_lost
+
+    unblock = threading.Event()
+    in_receiver = threading.Event()
+
+    def slow_receiver(sender: object, lock: Lock, **kwargs: object) -> None:
+        in_receiver.set()
+        unblock.wait(60)  # longer than the block's bound: a cancel behind it would time out
+
+    lock_lost.connect(slow_receiver, weak=False)
+    try:
+
+        async def block() -> None:
+            async with asyncio.timeout(20):
+                async with manager.alock(
+                    "cancel-first", ttl=0.4, refresh=False, cancel_on_loss=True
+                ):
+                    await asyncio.sleep(30)
+
+        async def main() -> None:
+            with pytest.raises(LockLost):
+                await block()
+
+        asyncio.run(main())
+    finally:
+        unblock.set()
+        lock_lost.disconnect(slow_receiver)
+    assert in_receiver.wait(10)
