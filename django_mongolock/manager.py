@@ -890,6 +890,8 @@ class LockContext:
     async def __aenter__(self) -> Lock:
         if self._lock is not None:
             raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        if self.cancel_on_loss and asyncio.current_task() is None:
+            raise RuntimeError("cancel_on_loss needs to run in an asyncio task")
         lock = await self._manager.aacquire(self.key, **self._kwargs)
         self._lock = lock
         if self.cancel_on_loss:
