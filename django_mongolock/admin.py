@@ -4,7 +4,9 @@ The ``Lock`` model has no table: it lends the admin its sidebar entry, URLs and 
 (``view_lock``, ``release_lock``). Every page asks the server; paging, filtering and sorting
 happen in MongoDB, so a collection of any size is never loaded whole. Force release deletes
 a lock only at the fencing token the operator saw, so a lock that changed hands in between
-is left to its new holder.
+is left to its new holder. A lock whose holder's process still sends heartbeats is
+released only once the operator has ticked a box saying they know; every force release
+is recorded in the audit trail with the user's name and reason, shown on the key's page.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from django_mongolock.exceptions import (
 )
 from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
-from django_mongolock.store import IndexAction, LockInfo, Order, State
+from django_mongolock.store import AuditEntry, IndexAction, LockInfo, Order, State
 from django_mongolock.validation import validate_key
 
 __all__ = ["LockAdmin"]
@@ -58,6 +60,9 @@ ORDER_VAR: Final = "o"
 PAGE_VAR: Final = "p"
 REFRESH_VAR: Final = "refresh"
 RELEASE_ACTION: Final = "release_selected"
+CONFIRM_ALIVE_VAR: Final = "confirm_alive"
+REASON_VAR: Final = "reason"
+REASON_MAX: Final = 1000
 
 _MISSING: Final = gettext_noop(
     "The lock “%(key)s” does not exist: it was released, or purged after it expired."
@@ -122,6 +127,17 @@ class Moment:
         return cls(moment.astimezone(UTC).isoformat(), _absolute(moment), relative)
 
 
+def _process(info: LockInfo) -> tuple[Literal["alive", "silent", "unknown"], str]:
+    """The holder's process as the pages show it: alive, silent (for how long), or unknown."""
+    silent = info.holder_silent_for
+    if info.holder_alive is None or silent is None:
+        return "unknown", ""
+    if info.holder_alive:
+        label = _("process alive (last heartbeat %(duration)s ago)")
+        return "alive", label % {"duration": _duration(silent)}
+    return "silent", _("process silent for %(duration)s") % {"duration": _duration(silent)}
+
+
 def key_segment(key: str) -> str:
     """A key as one URL path segment, as ``reverse()`` would write it for the admin.
 
@@ -181,6 +197,9 @@ class LockRow:
     lease: str
     kind_label: str = ""
     """What kind of lock: shared (with its limit), a group member, or an elected leader."""
+    process: Literal["alive", "silent", "unknown"] = "unknown"
+    """Whether the holder's process sends heartbeats (``LockInfo.holder_alive``)."""
+    process_label: str = ""
 
 
 # -- the request's list parameters --------------------------------------------------------------
@@ -301,6 +320,8 @@ class LockAdmin(_ModelAdmin):
     change_list_template = "admin/django_mongolock/lock/change_list.html"
     change_form_template = "admin/django_mongolock/lock/change_form.html"
     release_confirmation_template = "admin/django_mongolock/lock/release_confirmation.html"
+    audit_entries = 50
+    """How many force releases of a key its page shows (newest first)."""
     unavailable_template = "admin/django_mongolock/lock/unavailable.html"
     actions = None
 
@@ -424,6 +445,7 @@ class LockAdmin(_ModelAdmin):
         else:
             status = "live"
         release_query = f"token={info.token}" + (f"&{preserved}" if preserved else "")
+        process, process_label = _process(info)
         return LockRow(
             info=info,
             url=self._lock_url("change", info.key, base) + (f"?{preserved}" if preserved else ""),
@@ -445,6 +467,8 @@ class LockAdmin(_ModelAdmin):
             expires=Moment.of(info.expires_at, info.now),
             lease=_duration(info.ttl),
             kind_label=_kind_label(info),
+            process=process,
+            process_label=process_label,
         )
 
     # -- the list -------------------------------------------------------------------------------
@@ -625,7 +649,9 @@ class LockAdmin(_ModelAdmin):
             )
             return back
         if request.POST.get("post") == "yes":
-            return self._release(request, selection, back)
+            return self._release(
+                request, selection, back, cancel_url=request.get_full_path(), bulk=True
+            )
         return self._release_confirmation(
             request, selection, cancel_url=request.get_full_path(), bulk=True
         )
@@ -645,8 +671,12 @@ class LockAdmin(_ModelAdmin):
         key = self._key(object_id)
         preserved = self.get_preserved_filters(request)
         changelist_url = self._changelist_url(_changelist_filters(request))
-        info = self.get_manager().status(key)
+        manager = self.get_manager()
+        info = manager.status(key)
+        audit = manager.history(key, limit=self.audit_entries)
         if info is None:
+            if audit:  # the lock is gone, its force releases are not
+                return self._history_only(request, key, audit, changelist_url)
             messages.warning(request, _(_MISSING) % {"key": key})
             return HttpResponseRedirect(changelist_url)
         row = self._row(info, preserved=preserved)
@@ -665,6 +695,7 @@ class LockAdmin(_ModelAdmin):
             server_time=_absolute(info.now),
             purge=Moment.of(purge_at, info.now),
             history=history,
+            audit=_audit_rows(audit, info.now),
             holders=[
                 {
                     "owner": holder.owner,
@@ -677,6 +708,24 @@ class LockAdmin(_ModelAdmin):
             ],
             changelist_url=changelist_url,
             **(extra_context or {}),
+        )
+        return self._render(request, self.change_form_template, context)
+
+    def _history_only(
+        self,
+        request: HttpRequest,
+        key: str,
+        audit: Sequence[AuditEntry],
+        changelist_url: str,
+    ) -> HttpResponse:
+        """The page of a key that is not held now but was force-released: its audit trail."""
+        context = self._context(
+            request,
+            title=_("Lock “%(key)s”") % {"key": _short(key)},
+            key=key,
+            info=None,
+            audit=_audit_rows(audit, None),
+            changelist_url=changelist_url,
         )
         return self._render(request, self.change_form_template, context)
 
@@ -693,7 +742,13 @@ class LockAdmin(_ModelAdmin):
                     request, _("Nothing was released: the request did not carry a fencing token.")
                 )
                 return HttpResponseRedirect(self._lock_url("change", key))
-            return self._release(request, [(key, token)], HttpResponseRedirect(changelist_url))
+            return self._release(
+                request,
+                [(key, token)],
+                HttpResponseRedirect(changelist_url),
+                cancel_url=self._lock_url("change", key),
+                bulk=False,
+            )
         token = _token(request.GET.get("token"))
         if token is None:
             info = self.get_manager().status(key)
@@ -713,9 +768,20 @@ class LockAdmin(_ModelAdmin):
     # -- releasing ------------------------------------------------------------------------------
 
     def _release_confirmation(
-        self, request: HttpRequest, selection: Sequence[Selection], *, cancel_url: str, bulk: bool
+        self,
+        request: HttpRequest,
+        selection: Sequence[Selection],
+        *,
+        cancel_url: str,
+        bulk: bool,
+        unconfirmed: bool = False,
     ) -> HttpResponse:
-        """What would be released, as the server sees it now; changed locks are left out."""
+        """What would be released, as the server sees it now; changed locks are left out.
+
+        A lock whose holder's process is alive gets a box to tick: the release of that
+        lock goes ahead only with it ticked. ``unconfirmed``: shown again because a box
+        was left unticked.
+        """
         manager = self.get_manager()
         items = []
         for key, token in selection:
@@ -733,6 +799,7 @@ class LockAdmin(_ModelAdmin):
                     "selection": f"{token}:{key}",
                     "outcome": outcome,
                     "current": None if current is None else self._row(current),
+                    "alive": outcome == "release" and bool(current and current.holder_alive),
                 }
             )
         releasable = [item for item in items if item["outcome"] == "release"]
@@ -746,17 +813,47 @@ class LockAdmin(_ModelAdmin):
             release_action=RELEASE_ACTION,
             action_checkbox_name=ACTION_CHECKBOX_NAME,
             changelist_url=self._changelist_url(_changelist_filters(request)),
+            alive=[item for item in releasable if item["alive"]],
+            unconfirmed=unconfirmed,
+            confirm_alive_var=CONFIRM_ALIVE_VAR,
+            reason_var=REASON_VAR,
+            reason_max=REASON_MAX,
+            reason=request.POST.get(REASON_VAR, "")[:REASON_MAX],
         )
         return self._render(request, self.release_confirmation_template, context)
 
     def _release(
-        self, request: HttpRequest, selection: Sequence[Selection], done: HttpResponse
+        self,
+        request: HttpRequest,
+        selection: Sequence[Selection],
+        done: HttpResponse,
+        *,
+        cancel_url: str,
+        bulk: bool,
     ) -> HttpResponse:
-        """Delete each lock only at the token the operator confirmed; log and report each."""
+        """Delete each lock only at the token the operator confirmed; log and report each.
+
+        A lock whose holder's process is alive is released only if its box was ticked;
+        the others are shown for confirmation again. Each release is recorded in the
+        audit trail with the user's name and the reason given.
+        """
         manager = self.get_manager()
+        confirmed = set(request.POST.getlist(CONFIRM_ALIVE_VAR))
+        reason = request.POST.get(REASON_VAR, "").strip()[:REASON_MAX].replace("\x00", "")
+        by = request.user.get_username() or str(request.user.pk)
         released: list[LockInfo] = []
+        unconfirmed: list[Selection] = []
         for key, token in selection:
-            info = manager.force_release(key, token=token)
+            current = manager.status(key)
+            if (
+                current is not None
+                and current.token == token
+                and current.holder_alive
+                and f"{token}:{key}" not in confirmed
+            ):
+                unconfirmed.append((key, token))
+                continue
+            info = manager.force_release(key, token=token, reason=reason, by=by)
             if info is not None:
                 released.append(info)
                 self.log_release(request, info)
@@ -800,6 +897,21 @@ class LockAdmin(_ModelAdmin):
                     len(released),
                 )
                 % {"count": len(released)},
+            )
+        if unconfirmed:
+            messages.warning(
+                request,
+                ngettext(
+                    "%(count)d lock was not released: its holder’s process is alive. Tick the "
+                    "box to confirm.",
+                    "%(count)d locks were not released: their holders’ processes are alive. "
+                    "Tick a box for each to confirm.",
+                    len(unconfirmed),
+                )
+                % {"count": len(unconfirmed)},
+            )
+            return self._release_confirmation(
+                request, unconfirmed, cancel_url=cancel_url, bulk=bulk, unconfirmed=True
             )
         return done
 
@@ -851,6 +963,19 @@ class LockAdmin(_ModelAdmin):
             "collection": f"{manager.database}.{manager.collection}" if manager else None,
         }
         return self._render(request, self.unavailable_template, context, status=503)
+
+
+def _audit_rows(entries: Sequence[AuditEntry], now: datetime | None) -> list[dict[str, Any]]:
+    """Audit entries as the key's page shows them (relative to the server's ``now``)."""
+    return [
+        {
+            "entry": entry,
+            "at": Moment.of(entry.at, now) if now is not None else None,
+            "absolute": _absolute(entry.at),
+            "iso": entry.at.astimezone(UTC).isoformat(),
+        }
+        for entry in entries
+    ]
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -737,3 +737,169 @@ def test_invalid_settings_get_a_page(admin_client: Client, settings: SettingsWra
     response = admin_client.get(LIST_URL)
     assert response.status_code == 503
     assert "python manage.py check" in response.content.decode()
+
+
+# -- holder liveness and the audit trail ---------------------------------------------------------
+
+
+def heartbeat(manager: LockManager, process: str, *, silent: float = 1.0) -> None:
+    """A heartbeat of ``process`` (``host:pid``) sent ``silent`` seconds ago, alive for 20 s."""
+    now = datetime.now(UTC)
+    manager.store.processes.insert_one(
+        {
+            "_id": process,
+            "seen_at": now - timedelta(seconds=silent),
+            "alive_until": now - timedelta(seconds=silent - 20),
+            "interval": 5.0,
+        }
+    )
+
+
+@pytest.fixture
+def alive(sample: dict[str, LockInfo], locks: LockManager) -> dict[str, LockInfo]:
+    """``sample`` with web-1 (reports/daily, invoices/42) alive and worker-3 silent for 5 min."""
+    heartbeat(locks, "web-1:4242")
+    heartbeat(locks, "worker-3:9", silent=300)
+    return sample
+
+
+def test_list_and_detail_show_the_holder_process(admin_client: Client, alive: Any) -> None:
+    page = admin_client.get(LIST_URL)
+    rows = {row.info.key: row for row in page.context["rows"]}
+    assert rows["reports/daily"].process == "alive"
+    assert rows["invoices/42"].process == "alive"
+    assert rows["cron/cleanup"].process == "silent"
+    assert rows["cron/cleanup"].process_label == "process silent for 5 min"
+    assert rows["reports/weekly"].process == "unknown"
+    html = page.content.decode()
+    assert html.count("mongolock-process-alive") == 2
+    assert html.count("mongolock-process-silent") == 1
+    detail = admin_client.get(change_url("reports/daily")).content.decode()
+    assert "Process:" in detail
+    assert "process alive (last heartbeat " in detail
+    unknown = admin_client.get(change_url("reports/weekly")).content.decode()
+    assert "unknown: no heartbeat on record" in unknown
+
+
+def test_release_of_a_live_holder_needs_a_ticked_box(
+    admin_client: Client, admin_user: User, alive: dict[str, LockInfo], locks: LockManager
+) -> None:
+    info = alive["reports/daily"]
+    confirm_url = f"{release_url(info.key)}?token={info.token}"
+    confirm = admin_client.get(confirm_url)
+    page = confirm.content.decode()
+    assert "The holder\u2019s process of one of these locks is alive" in page
+    assert f'name="confirm_alive" value="{info.token}:{info.key}" required' in page
+    assert 'name="reason"' in page
+    # Without the box: nothing released, the page asks again.
+    again = admin_client.post(confirm_url, {"token": info.token, "post": "yes", "reason": "x"})
+    assert again.status_code == 200
+    assert "confirm each live holder with its box" in again.content.decode()
+    assert any("1 lock was not released: its holder" in text for text in messages_of(again))
+    assert 'value="x"' in again.content.decode()  # the reason typed is kept
+    assert locks.status(info.key) is not None
+    assert locks.history(info.key) == []
+    # With it: released, and recorded with the user's name and the reason.
+    done = admin_client.post(
+        confirm_url,
+        {
+            "token": info.token,
+            "post": "yes",
+            "confirm_alive": f"{info.token}:{info.key}",
+            "reason": "  stuck on <b>export</b>  ",
+        },
+        follow=True,
+    )
+    assert done.redirect_chain[-1][0] == LIST_URL
+    assert locks.status(info.key) is None
+    [entry] = locks.history(info.key)
+    assert (entry.by, entry.owner, entry.token, entry.reason) == (
+        admin_user.get_username(),
+        "web-1:4242:aa11",
+        info.token,
+        "stuck on <b>export</b>",
+    )
+    # The key's page, though the lock is gone, shows its force releases (escaped).
+    history = admin_client.get(change_url(info.key))
+    assert history.status_code == 200
+    html = history.content.decode()
+    assert "Force releases (audit trail)" in html
+    assert "is not held now" in html
+    assert "stuck on &lt;b&gt;export&lt;/b&gt;" in html
+    assert str(info.token) in html
+    assert "Force release</a>" not in html
+
+
+def test_a_dead_or_unknown_holder_needs_no_box(
+    admin_client: Client, alive: dict[str, LockInfo], locks: LockManager
+) -> None:
+    for key in ("cron/cleanup", "reports/weekly"):  # silent, and no heartbeat at all
+        info = alive[key]
+        page = admin_client.get(f"{release_url(key)}?token={info.token}").content.decode()
+        assert "confirm_alive" not in page
+        done = admin_client.post(release_url(key), {"token": info.token, "post": "yes"})
+        assert done.status_code == 302
+        assert locks.status(key) is None
+        [entry] = locks.history(key)
+        assert (entry.token, entry.reason, entry.by) == (info.token, "", "admin")
+
+
+def test_bulk_release_releases_the_dead_and_asks_again_for_the_live(
+    admin_client: Client, alive: dict[str, LockInfo], locks: LockManager
+) -> None:
+    picked = [f"{alive[key].token}:{key}" for key in ("cron/cleanup", "invoices/42")]
+    bulk = {"action": "release_selected", "_selected_action": picked}
+    confirm = admin_client.post(LIST_URL, bulk)
+    assert [item["alive"] for item in confirm.context["items"]] == [False, True]
+    again = admin_client.post(LIST_URL, {**bulk, "post": "yes", "reason": "cleanup"})
+    assert again.status_code == 200
+    assert [item["key"] for item in again.context["items"]] == ["invoices/42"]
+    assert "1 lock was force-released." in messages_of(again) or any(
+        "“cron/cleanup” was force-released" in text for text in messages_of(again)
+    )
+    assert locks.status("cron/cleanup") is None
+    assert locks.status("invoices/42") is not None
+    done = admin_client.post(
+        LIST_URL, {**bulk, "post": "yes", "confirm_alive": picked[1]}, follow=True
+    )
+    assert done.redirect_chain
+    assert locks.status("invoices/42") is None
+    assert [entry.reason for entry in locks.history("cron/cleanup")] == ["cleanup"]
+    assert [entry.reason for entry in locks.history("invoices/42")] == [""]
+
+
+def test_viewers_see_the_audit_trail_but_cannot_release(
+    client_for: Callable[..., Client], alive: dict[str, LockInfo], locks: LockManager
+) -> None:
+    info = alive["reports/daily"]
+    locks.force_release(info.key, reason="nightly rebuild", by="ops@bastion")
+    put(locks, info.key, owner="web-3:5:gg77")
+    viewer = client_for("viewer", "view_lock")
+    html = viewer.get(change_url(info.key)).content.decode()
+    assert "Force releases (audit trail)" in html
+    assert "nightly rebuild" in html
+    assert "ops@bastion" in html
+    current = locks.status(info.key)
+    assert current is not None
+    forbidden = viewer.post(
+        release_url(info.key),
+        {"token": current.token, "post": "yes", "confirm_alive": f"{current.token}:{info.key}"},
+    )
+    assert forbidden.status_code == 403
+    assert len(locks.history(info.key)) == 1
+    anonymous = Client().get(change_url(info.key))
+    assert anonymous.status_code == 302
+
+
+def test_the_confirmation_box_is_csrf_protected(
+    client_for: Callable[..., Client], alive: dict[str, LockInfo], locks: LockManager
+) -> None:
+    client = client_for("operator", "release_lock", csrf=True)
+    info = alive["reports/daily"]
+    forged = client.post(
+        release_url(info.key),
+        {"token": info.token, "post": "yes", "confirm_alive": f"{info.token}:{info.key}"},
+    )
+    assert forged.status_code == 403
+    assert locks.status(info.key) is not None
+    assert locks.history(info.key) == []
