@@ -7,8 +7,8 @@ from typing import Any, cast
 import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.db import IntegrityError, connections
-from django.test.utils import CaptureQueriesContext
+from django.db import IntegrityError, connections, models
+from django.test.utils import CaptureQueriesContext, isolate_apps
 
 from django_mongolock import LockLost, LockManager, StaleTokenError
 from django_mongolock.fencing import FenceField, FenceKeyConflict, fenced_save, fenced_update
@@ -41,6 +41,37 @@ def test_the_field_is_a_nullable_bigint_with_a_companion_key_column() -> None:
     call_command("makemigrations", "fencingapp", "--check", "--dry-run", verbosity=0)
     with pytest.raises(ValueError, match="null=False"):
         FenceField(null=False)
+
+
+@isolate_apps("tests.fencingapp")
+def test_an_abstract_base_gives_each_concrete_child_its_key_column() -> None:
+    class Base(models.Model):
+        fence = FenceField()
+
+        class Meta:
+            abstract = True
+            app_label = "fencingapp"
+
+    class Child(Base):  # noqa: DJ008
+        class Meta:
+            app_label = "fencingapp"
+
+    assert [f.name for f in Base._meta.fields] == ["fence"]
+    assert [f.name for f in Child._meta.fields] == ["id", "fence", "fence_key"]
+
+
+@isolate_apps("tests.fencingapp")
+def test_a_model_with_two_fences_is_refused_before_any_query(manager: LockManager) -> None:
+    class Twice(models.Model):  # noqa: DJ008
+        fence = FenceField()
+        other = FenceField()
+
+        class Meta:
+            app_label = "fencingapp"
+
+    assert {f.name for f in Twice._meta.fields} >= {"fence_key", "other_key"}
+    with pytest.raises(ValueError, match="2 FenceField"):
+        fenced_update(Twice._default_manager.all(), manager.acquire("k", ttl=30), x=1)
 
 
 def test_a_first_write_sets_the_fence_and_key_in_one_update(
