@@ -4,7 +4,8 @@ The rule, in one ``update_one`` (``fence`` stands for ``field``)::
 
     filter: {"$and": [<filter>,
                       {"$or": [{"fence": null},
-                               {"fence": {"$lte": token}, "fence_key": key}]}]}
+                               {"fence": {"$lte": token},
+                                "fence_key": {"$in": [key, null]}}]}]}
     update: <update> plus {"$set": {"fence": token, "fence_key": key}}
 
 MongoDB matches and modifies the document in one atomic step, so no read comes between
@@ -57,7 +58,14 @@ def fenced_update_one(
     guarded = {
         "$and": [
             dict(filter),
-            {"$or": [{field: None}, {field: {"$lte": lock.token}, key_field: lock.key}]},
+            # A fence without a key predates the key field (the hand-written recipe):
+            # compared by token only, and claimed for this key by the write.
+            {
+                "$or": [
+                    {field: None},
+                    {field: {"$lte": lock.token}, key_field: {"$in": [lock.key, None]}},
+                ]
+            },
         ]
     }
     fenced = {name: dict(spec) for name, spec in update.items()}
@@ -138,7 +146,7 @@ def _refused(
         return
     stored = top[field]
     stored_key = top.get(key_field)
-    if stored_key != lock.key:
+    if stored_key is not None and stored_key != lock.key:
         raise FenceKeyConflict(lock.key, lock.token, str(stored_key), _int(stored))
     if isinstance(stored, int | float) and stored > lock.token:
         raise StaleTokenError(lock.key, lock.owner, lock.token, int(stored))

@@ -5,7 +5,8 @@ companion key column)::
 
     UPDATE t SET ..., fence = :token, fence_key = :key
      WHERE (<the queryset's conditions>)
-       AND (fence IS NULL OR (fence <= :token AND fence_key = :key))
+       AND (fence IS NULL
+            OR (fence <= :token AND (fence_key = :key OR fence_key IS NULL)))
 
 The database evaluates the condition and writes the row in one step, under the row's
 write lock (PostgreSQL re-checks it on the newest row version after a concurrent update,
@@ -124,8 +125,13 @@ def fenced_update(queryset: QuerySet[_M], lock: Lock, **values: Any) -> int:
     for name in values:
         if name in (fence.name, fence.attname, fence.key_name):
             raise ValueError(f"{name!r} is set by the fenced write itself, to the lock's token/key")
-    allowed = Q(**{f"{fence.name}__isnull": True}) | Q(
-        **{f"{fence.name}__lte": lock.token, f"{fence.key_name}__samekey": lock.key}
+    # A fence without a key predates the key column (the hand-written recipe): it is
+    # compared by token only, and the write claims it for this key.
+    same_key = Q(**{f"{fence.key_name}__samekey": lock.key}) | Q(
+        **{f"{fence.key_name}__isnull": True}
+    )
+    allowed = Q(**{f"{fence.name}__isnull": True}) | (
+        Q(**{f"{fence.name}__lte": lock.token}) & same_key
     )
     written = queryset.filter(allowed).update(
         **values, **{fence.name: lock.token, fence.key_name: lock.key}
@@ -150,7 +156,7 @@ def _refused(queryset: QuerySet[_M], fence: FenceField, lock: Lock) -> None:
     if top is None:
         return
     stored, stored_key = int(top[0]), top[1]
-    if stored_key != lock.key:
+    if stored_key is not None and stored_key != lock.key:
         raise FenceKeyConflict(lock.key, lock.token, str(stored_key), stored)
     if stored > lock.token:
         raise StaleTokenError(lock.key, lock.owner, lock.token, stored)

@@ -107,6 +107,23 @@ def test_a_lock_of_another_key_is_refused(
     assert reports.find_one({"_id": "daily"}, {"_id": 0, "body": 1}) == {"body": "one"}
 
 
+def test_a_fence_without_a_key_is_compared_by_token_and_claimed(
+    reports: Collection[dict[str, Any]], manager: LockManager
+) -> None:
+    older, newer = older_and_newer(manager)
+    reports.insert_one({"_id": "daily", "body": "recipe", "fence": newer.token})
+    with pytest.raises(StaleTokenError):
+        fenced_update_one(reports, {"_id": "daily"}, {"$set": {"body": "older"}}, older)
+    with pytest.raises(StaleTokenError):
+        fenced_update_one(
+            reports, {"_id": "daily"}, {"$set": {"body": "older"}}, older, upsert=True
+        )
+    fenced_update_one(reports, {"_id": "daily"}, {"$set": {"body": "newer"}}, newer)
+    assert list(reports.find()) == [
+        {"_id": "daily", "body": "newer", "fence": newer.token, "fence_key": "report"}
+    ]
+
+
 def test_a_lost_lock_nobody_took_since_still_writes(
     reports: Collection[dict[str, Any]], manager: LockManager
 ) -> None:

@@ -139,6 +139,21 @@ def test_keys_are_compared_byte_for_byte(db_alias: str, manager: LockManager, ne
     assert stored(db_alias) == ("by report", first.token, "report")
 
 
+def test_a_fence_without_a_key_is_compared_by_token_and_claimed(
+    db_alias: str, manager: LockManager
+) -> None:
+    """Rows fenced by the hand-written recipe (a token, no key column) keep working."""
+    older, newer = older_and_newer(manager, "report")
+    Report.objects.using(db_alias).create(name="daily", body="recipe")
+    rows = Report.objects.using(db_alias).filter(name="daily")
+    rows.update(fence=newer.token)  # as the recipe left it: fence_key NULL
+    with pytest.raises(StaleTokenError):
+        fenced_update(rows, older, body="older")
+    assert stored(db_alias) == ("recipe", newer.token, None)
+    assert fenced_update(rows, newer, body="newer") == 1
+    assert stored(db_alias) == ("newer", newer.token, "report")
+
+
 def test_no_matching_rows_is_zero_not_an_error(db_alias: str, manager: LockManager) -> None:
     lk = manager.acquire("report", ttl=30)
     assert fenced_update(Report.objects.using(db_alias).filter(name="missing"), lk, body="x") == 0
