@@ -25,12 +25,14 @@ import weakref
 from typing import Protocol
 
 from django_mongolock import clock
-from django_mongolock.notices import STUCK, get_notices
+from django_mongolock.notices import get_notices
 
 __all__ = ["Deadlines", "Lease", "get_deadlines"]
 
 logger = logging.getLogger("django_mongolock.deadlines")
 
+# The longest the watch sleeps while it watches anything (see _due).
+_MAX_SLEEP = 0.25
 # Rebuild the heap when released entries outnumber live ones and there are at least this many.
 _COMPACT_AT = 1024
 
@@ -167,7 +169,9 @@ class Deadlines:
                     # Nothing to watch: sleep until a lease or a notice arrives.
                     self._cond.wait()
                 else:
-                    self._cond.wait(max(0.0, min(self._wake - now, STUCK * 10)))
+                    # Timed waits run on CLOCK_MONOTONIC, which stops while the machine
+                    # sleeps: wake at least every _MAX_SLEEP to catch up after a resume.
+                    self._cond.wait(max(0.0, min(self._wake - now, _MAX_SLEEP)))
             return None
 
 

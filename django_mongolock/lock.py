@@ -14,7 +14,7 @@ from django_mongolock import clock
 from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.notices import get_notices
-from django_mongolock.signals import lock_lost, lock_released, send_safely
+from django_mongolock.signals import calls, lock_lost, lock_released, send_safely
 from django_mongolock.store import LockInfo, LockStore
 from django_mongolock.validation import validate_ttl
 
@@ -205,6 +205,7 @@ class Lock:
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         self._check_refreshable()
         sent_at = clock.now()
+        self._shorten(lease, sent_at)
         store = self._manager.store
         info = store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
@@ -238,6 +239,7 @@ class Lock:
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         self._check_refreshable()
         sent_at = clock.now()
+        self._shorten(lease, sent_at)
         store = await self._manager._astore()
         info = await store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
@@ -333,13 +335,21 @@ class Lock:
             self._holds -= 1
             return True
 
-    def _renew(self, deadline: float) -> bool:
-        """Move the deadline after a successful refresh; False if it was lost meanwhile."""
+    def _renew(self, sent_at: float) -> bool:
+        """Extend by the lease after a bulk refresh sent at ``sent_at``; False if lost meanwhile.
+
+        The lease is read here, not when the refresh was sent: a ``refresh(ttl=shorter)``
+        that reached the server first has already shortened it (``_shorten``).
+        """
         with self._mutex:
             if self._lost:
                 return False
+            deadline = sent_at + self.ttl - clock.margin(self.ttl)
+            earlier = deadline < self._deadline
             self._deadline = deadline
-            return True
+        if earlier:
+            get_deadlines().watch(self)
+        return True
 
     def _check_refreshable(self) -> None:
         if self._released:
@@ -351,7 +361,7 @@ class Lock:
 
     def _released_by_holder(self, held: bool) -> None:
         self._manager._released(self, held)
-        lock_released.send(sender=self._manager, lock=self, held=held)
+        send_safely(lock_released, self._manager, lock=self, held=held)
         if not held and not self._lost:
             self._mark_lost("its lease had ended or it was released by somebody else")
 
@@ -372,10 +382,30 @@ class Lock:
         with self._mutex:
             if self._lost:
                 return False
+            earlier = deadline < self._deadline
             self.ttl = info.ttl
             self._deadline = self._expiry_deadline = deadline
             self._expiry = info.expires_at
+        if earlier:
+            get_deadlines().watch(self)  # its entry sits at the later deadline
         return True
+
+    def _shorten(self, ttl: float, sent_at: float) -> None:
+        """Before a refresh to a shorter ``ttl`` is sent: count with the shorter lease now.
+
+        The server may apply the request and its answer never arrive (a timeout, a lost
+        reply, a cancelled ``arefresh``): the lease it keeps is then the shorter one, and
+        so must be the deadline. A longer lease counts only once the server confirmed it.
+        """
+        deadline = sent_at + ttl - clock.margin(ttl)
+        with self._mutex:
+            if ttl >= self.ttl and deadline >= self._deadline:
+                return
+            self.ttl = min(self.ttl, ttl)
+            if deadline >= self._deadline:
+                return
+            self._deadline = deadline
+        get_deadlines().watch(self)
 
     def _mark_lost(self, reason: str, *, inline: bool = True) -> bool:
         """Set ``lost``, then tell everybody (signal, ``on_lost``) once; False if lost before.
@@ -403,13 +433,20 @@ class Lock:
         return True
 
     def _post_notices(self, reason: str) -> None:
-        get_notices().post(lambda: self._notify(reason))
+        """Post the notices, each apart: ``on_lost`` first (it demotes an election), then
+        one per ``lock_lost`` receiver, so that none waits behind another that blocks."""
+        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        receivers = calls(lock_lost, self._manager, lock=self, reason=reason)
+        get_notices().post_all(receivers, urgent=[self._call_on_lost])
         get_deadlines().kick()
 
     def _notify(self, reason: str) -> None:
-        """Log, send ``lock_lost`` and call ``on_lost``: a failing receiver stops neither."""
+        """Log, call ``on_lost`` and send ``lock_lost`` here: a failing one stops none."""
         logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        self._call_on_lost()
         send_safely(lock_lost, self._manager, lock=self, reason=reason)
+
+    def _call_on_lost(self) -> None:
         if self.on_lost is not None:
             try:
                 self.on_lost(self)

@@ -401,7 +401,11 @@ class LockManager:
         wait: float | None,
         keep: bool,
         on_lost: Callable[[Lock], object] | None,
+        *,
+        announce: bool = True,
     ) -> Lock:
+        """Take the lock (waiting up to ``wait``); ``announce=False`` leaves ``lock_acquired``
+        to the caller (an election sends it from its own worker, not the refresher's)."""
         store = self.store
         if wait == 0:
             sent_at = clock.now()
@@ -427,7 +431,7 @@ class LockManager:
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
-        return self._announce(lock)
+        return self._announce(lock) if announce else lock
 
     def _abandon(self, request: _Request) -> None:
         """Leave the line of a wait that was interrupted, and give back what it took.

@@ -10,6 +10,7 @@ events, outside the refresher's tick, and exits when it has nothing left to run.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import secrets
 import threading
@@ -280,30 +281,46 @@ class Election:
             return
         request = self._manager._request(self.key, self.ttl, False, None, tags={"kind": "election"})
         try:
-            lock = self._manager._acquire(request, 0.0, True, self._demoted)
+            # No lock_acquired here: receivers are user code, and this runs on the
+            # refresher's thread. The election's worker sends it, then calls on_elected.
+            lock = self._manager._acquire(request, 0.0, True, self._demoted, announce=False)
         except LockNotAcquired:
             return
         except MongoLockError as exc:
             logger.warning("campaign for %r failed: %s", self.key, exc)
             return
-        except (Exception, SystemExit):
-            # A lock_acquired receiver failed; the lock was given back. The refresher's
-            # thread must survive it (even a sys.exit()): campaign again next tick.
-            logger.exception("campaign for %r failed in a lock_acquired receiver", self.key)
-            return
         with self._mutex:
-            if not self._active.is_set():  # stopped while this attempt ran
-                lock.on_lost = None
-                lock.release()
-                return
-            self._lock = lock
-            self.terms += 1
-            # Queued under the mutex: a demotion of this term queues after it.
-            self._callback(self.on_elected)
+            stopped = not self._active.is_set()  # stopped while this attempt ran
+            if not stopped:
+                self._lock = lock
+                self.terms += 1
+                # Queued under the mutex: a demotion of this term queues after it.
+                self._callback(functools.partial(Election._begin_term, lock=lock))
+        if stopped:
+            lock.on_lost = None
+            lock.release()  # outside the mutex: lock_released receivers may call stop()
+            return
         logger.info("elected leader of %r (token %s)", self.key, lock.token)
         if lock.lost.is_set():
             # Lost before it was this election's term: its on_lost found nothing to demote.
             self._demoted(lock)
+
+    def _begin_term(self, lock: Lock) -> None:
+        """On the election's worker: send ``lock_acquired``, then call ``on_elected``.
+
+        A receiver that fails gives the lock back (see ``LockManager._announce``): that
+        term ends unannounced, with neither callback, and the election campaigns again.
+        """
+        try:
+            self._manager._announce(lock)
+        except BaseException:
+            with self._mutex:
+                if self._lock is lock:
+                    self._lock = None
+            logger.exception("a lock_acquired receiver failed; %r campaigns again", self.key)
+            return
+        if self.on_elected is not None:
+            self.on_elected(self)
 
     def _demoted(self, lock: Lock) -> None:
         with self._mutex:

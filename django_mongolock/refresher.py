@@ -99,9 +99,9 @@ class Refresher:
 
     def register(self, lock: Lock) -> None:
         """Keep ``lock`` alive from now on; starts its manager's lane on first need."""
-        lane = self._lane(lock._manager)
-        if lane is not None:
-            lane.add(lock)
+        # A lane that retired between the lookup and the add refuses: take the new one.
+        while (lane := self._lane(lock._manager)) is not None and not lane.add(lock):
+            pass
 
     def unregister(self, lock: Lock) -> None:
         lane = self.lane_of(lock._manager)
@@ -110,9 +110,9 @@ class Refresher:
 
     def add_election(self, election: Campaign) -> None:
         """Campaign for ``election`` on every tick of its manager's lane (the first at once)."""
-        lane = self._lane(election._manager)  # type: ignore[attr-defined]
-        if lane is not None:
-            lane.add_election(election)
+        manager = election._manager  # type: ignore[attr-defined]
+        while (lane := self._lane(manager)) is not None and not lane.add_election(election):
+            pass
 
     def remove_election(self, election: Campaign) -> None:
         lane = self.lane_of(election._manager)  # type: ignore[attr-defined]
@@ -219,19 +219,26 @@ class _Lane:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def add(self, lock: Lock) -> None:
+    def add(self, lock: Lock) -> bool:
+        """Keep ``lock``; False if this lane has retired (the refresher has a new one)."""
         with self._cond:
+            if self._retired:
+                return False
             self._locks.add(lock)
             self._schedule(clock.now() + _interval(lock.ttl))
+            return True
 
     def discard(self, lock: Lock) -> None:
         with self._cond:
             self._locks.discard(lock)
 
-    def add_election(self, election: Campaign) -> None:
+    def add_election(self, election: Campaign) -> bool:
         with self._cond:
+            if self._retired:
+                return False
             self._elections.add(election)
             self._schedule(clock.now())
+            return True
 
     def remove_election(self, election: Campaign) -> None:
         with self._cond:
@@ -258,11 +265,6 @@ class _Lane:
         releasing in a loop costs no thread switch per lock; the next tick simply
         refreshes whatever is held by then.
         """
-        if self._retired:
-            # The refresher forgot this lane as it went idle: come back under a new one.
-            self._retired = False
-            with self.refresher._mutex:
-                self.refresher._lanes.setdefault(self.manager, self)
         if self._thread is None or not self._thread.is_alive():
             self._due = due
             self._start()
@@ -332,7 +334,9 @@ class _Lane:
         itself does not dwarf.
         """
         with self._cond:
-            locks = [lk for lk in self._locks if lk.refreshable and not lk.over]
+            for lock in [lk for lk in self._locks if lk.over]:
+                self._locks.discard(lock)  # lost by its deadline: nothing left to keep
+            locks = [lk for lk in self._locks if lk.refreshable]
             elections = list(self._elections)
         if not locks and not elections:
             return
@@ -366,8 +370,13 @@ class _Lane:
                     self._locks.discard(lock)
             return math.inf
         sent_at = clock.now()
-        # No answer after the last deadline can save any of these leases.
-        budget = max(MIN_WRITE_TIME, max(lk.deadline for lk in locks) - sent_at)
+        # Long enough for the earliest lease (at least one tick's interval), never past
+        # the last one: a hung write must not keep the lane from trying again.
+        deadlines = [lk.deadline for lk in locks]
+        budget = max(
+            MIN_WRITE_TIME,
+            min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, _interval(shortest))),
+        )
         try:
             with pymongo.timeout(budget):
                 gone = store.refresh_many(
@@ -391,9 +400,7 @@ class _Lane:
                 if not lock._released:  # released while this tick ran: not lost
                     lost.append(lock)
             # Extended by its ttl at a server time after sent_at.
-            elif (
-                not lock._renew(sent_at + lock.ttl - clock.margin(lock.ttl)) and not lock._released
-            ):
+            elif not lock._renew(sent_at) and not lock._released:
                 lapsed.append(lock)
         if lost or lapsed:
             with self._cond:

@@ -6,13 +6,15 @@ LockManager used outside Django sends them too (to no receivers).
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
-__all__ = ["lock_acquired", "lock_lost", "lock_released", "send_safely"]
+__all__ = ["calls", "lock_acquired", "lock_lost", "lock_released", "send_safely"]
 
 logger = logging.getLogger("django_mongolock.signals")
 
@@ -26,28 +28,37 @@ lock_lost = Signal()
 """Sent once when a holder learns it lost its lock (lease ended or force-released)."""
 
 
-def send_safely(signal: Signal, sender: object, **named: Any) -> None:
-    """Call every receiver of ``signal``; one that fails or calls ``sys.exit()`` skips none.
+def calls(signal: Signal, sender: object, **named: Any) -> list[Callable[[], None]]:
+    """One call per receiver of ``signal``, each catching and logging its own failure.
 
     ``Signal.send_robust`` catches ``Exception`` only: a receiver raising ``SystemExit``
-    would skip the receivers after it. Each receiver is called on its own here, and its
-    failure logged. (Falls back to ``send_robust`` should Django's receiver lookup change.)
+    would skip the receivers after it, and one that blocks holds back the rest. Run
+    apart (``notices.py`` gives each its own turn), none can stop another. Falls back
+    to one ``send_robust`` call should Django's receiver lookup change.
     """
     try:
         sync_receivers, async_receivers = signal._live_receivers(sender)
     except Exception:  # pragma: no cover - a Django without the lookup used here
+        return [_guarded(lambda: signal.send_robust(sender, **named), signal)]
+    found = [functools.partial(r, signal=signal, sender=sender, **named) for r in sync_receivers]
+    found += [
+        functools.partial(async_to_sync(r), signal=signal, sender=sender, **named)
+        for r in async_receivers
+    ]
+    return [_guarded(call, call.func) for call in found]
+
+
+def send_safely(signal: Signal, sender: object, **named: Any) -> None:
+    """Call every receiver of ``signal`` in turn; one that fails or exits skips none."""
+    for call in calls(signal, sender, **named):
+        call()
+
+
+def _guarded(call: Callable[[], object], receiver: object) -> Callable[[], None]:
+    def guarded() -> None:
         try:
-            signal.send_robust(sender, **named)
-        except (Exception, SystemExit):
-            logger.exception("a signal receiver failed")
-        return
-    for receiver in sync_receivers:
-        try:
-            receiver(signal=signal, sender=sender, **named)
+            call()
         except (Exception, SystemExit):
             logger.exception("signal receiver %r failed", receiver)
-    for receiver in async_receivers:
-        try:
-            async_to_sync(receiver)(signal=signal, sender=sender, **named)
-        except (Exception, SystemExit):
-            logger.exception("signal receiver %r failed", receiver)
+
+    return guarded
