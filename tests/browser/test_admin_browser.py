@@ -13,6 +13,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 
 from django_mongolock import LockManager
+from django_mongolock.store import process_of
 from tests.browser.conftest import new_page
 from tests.test_admin import put
 
@@ -215,3 +216,56 @@ def test_dark_mode_uses_the_admin_colours(
         page.screenshot(path=screenshots / "admin-list-dark.png", full_page=True)
     finally:
         page.context.close()
+
+
+def test_a_live_holder_needs_a_ticked_box_and_the_release_is_in_the_history(
+    page: Page,
+    live_server: LiveServer,
+    operator: User,
+    dashboard: LockManager,
+    screenshots: Path,
+) -> None:
+    info = dashboard.status("reports/daily")
+    assert info is not None
+    # web-1's process sends heartbeats (as its refresher would, every 100 s of a 300 s lease).
+    dashboard.store.heartbeat({process_of(info.owner)}, 100.0)
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/django_mongolock/lock/")
+    row = page.locator("tr", has_text="reports/daily")
+    assert row.locator(".mongolock-process-alive").inner_text() == "process alive"
+    assert (
+        page.locator("tr", has_text="exports/tenant-7").locator(".mongolock-process").count() == 0
+    )
+
+    row.get_by_role("link", name="reports/daily").click()
+    page.wait_for_url(re.compile(r"/reports_2Fdaily/change/"))
+    assert (
+        page.locator(".field-process .readonly")
+        .inner_text()
+        .startswith("process alive (last heartbeat ")
+    )
+    page.get_by_role("link", name="Force release").click()
+    page.wait_for_url(re.compile(rf"/reports_2Fdaily/release/\?token={info.token}"))
+    warning = page.locator(".mongolock-alive-warning").inner_text()
+    assert "The holder\u2019s process of one of these locks is alive" in warning
+    page.fill("#mongolock-reason", "export stuck since 02:00")
+    page.screenshot(path=screenshots / "admin-release-alive.png", full_page=True)
+    # The box is required: the browser does not send the form without it.
+    page.get_by_role("button", name="Yes, I\u2019m sure").click()
+    box = page.locator("input[name=confirm_alive]")
+    assert box.evaluate("el => el.validity.valueMissing") is True
+    assert "/release/" in page.url
+    assert dashboard.status("reports/daily") is not None
+    box.check()
+    page.get_by_role("button", name="Yes, I\u2019m sure").click()
+    page.wait_for_url(re.compile(r"/admin/django_mongolock/lock/$"))
+    assert "was force-released" in page.locator(".messagelist .success").inner_text()
+    assert dashboard.status("reports/daily") is None
+
+    # The key's page, though the lock is gone, shows who released it, when and why.
+    page.goto(f"{live_server.url}/admin/django_mongolock/lock/reports_2Fdaily/change/")
+    assert "is not held now" in page.inner_text("#content-main")
+    cells = page.locator("#mongolock-audit tbody tr").first.locator("th, td").all_inner_texts()
+    assert cells[0].endswith(" UTC")
+    assert cells[1:] == ["operator", info.owner, str(info.token), "export stuck since 02:00"]
+    page.screenshot(path=screenshots / "admin-audit.png", full_page=True)
