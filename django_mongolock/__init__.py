@@ -6,7 +6,7 @@ from importlib import metadata
 from typing import Any, Final
 
 from django_mongolock.context import current_lock
-from django_mongolock.decorators import BUSY_EXIT_CODE, locked
+from django_mongolock.decorators import BUSY_EXIT_CODE, LOST_EXIT_CODE, locked
 from django_mongolock.exceptions import (
     ConfigurationError,
     LimitConflict,
@@ -37,6 +37,7 @@ __version__: Final = _installed_version("django-mongolock")
 
 __all__ = [
     "BUSY_EXIT_CODE",
+    "LOST_EXIT_CODE",
     "ConfigurationError",
     "Election",
     "Holder",
