@@ -50,7 +50,7 @@ WORKERS = {
 }
 CRASH_EVERY = 90.0
 """Seconds between two holders that die by SIGKILL (the first one dies at the start)."""
-STOP_WITHIN = 10.0
+STOP_WITHIN = 15.0
 """Seconds each group of children gets to stop after SIGTERM before it is killed."""
 
 Process = subprocess.Popen[Any]

@@ -33,6 +33,9 @@ from django_mongolock.primitives import Election
 STOP = threading.Event()
 """Set on SIGTERM/SIGINT or when the demo is gone: every loop ends and gives back its locks."""
 
+CAMPAIGN_SETTLES = 1.0
+"""Seconds a stopped candidate keeps its manager open for a campaign still under way."""
+
 # What each worker does, with the keys the dashboard shows.
 HANDOFF_KEYS = ("orders/sync", "invoices/daily")
 SEMAPHORE_KEY, SEMAPHORE_LIMIT = "exports", 4
@@ -138,6 +141,9 @@ def candidate(manager: LockManager, args: argparse.Namespace) -> None:
                 break
         election.stop()
         pause(4.0, 6.0)  # lets another candidate win the next term
+    # stop() does not wait for a campaign already under way on the refresher's thread; one
+    # that wins after stop() gives the lock back at once, which needs the manager still open.
+    time.sleep(CAMPAIGN_SETTLES)
 
 
 def crash(manager: LockManager, args: argparse.Namespace) -> None:
