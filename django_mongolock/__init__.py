@@ -9,6 +9,7 @@ from django_mongolock.context import current_lock
 from django_mongolock.decorators import BUSY_EXIT_CODE, LOST_EXIT_CODE, locked
 from django_mongolock.exceptions import (
     ConfigurationError,
+    FenceKeyConflict,
     LimitConflict,
     LineFull,
     LockLost,
@@ -40,6 +41,7 @@ __all__ = [
     "LOST_EXIT_CODE",
     "ConfigurationError",
     "Election",
+    "FenceKeyConflict",
     "Holder",
     "LimitConflict",
     "LineFull",
