@@ -772,8 +772,8 @@ def test_list_and_detail_show_the_holder_process(admin_client: Client, alive: An
     assert rows["cron/cleanup"].process_label == "process silent for 5 min"
     assert rows["reports/weekly"].process == "unknown"
     html = page.content.decode()
-    assert html.count("mongolock-process-alive") == 2
-    assert html.count("mongolock-process-silent") == 1
+    assert html.count('class="mongolock-state mongolock-process mongolock-process-alive"') == 2
+    assert html.count('class="mongolock-state mongolock-process mongolock-process-silent"') == 1
     detail = admin_client.get(change_url("reports/daily")).content.decode()
     assert "Process:" in detail
     assert "process alive (last heartbeat " in detail
