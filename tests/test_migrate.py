@@ -23,8 +23,8 @@ def _indexes() -> dict[str, Any]:
 
 def _row(out: str, description: str) -> str:
     """What migrate_mongolock said of the index ``description``."""
-    [line] = [line for line in out.splitlines() if f": {description} " in line]
-    return line.split(f": {description} ", 1)[1].strip()
+    [line] = [line for line in out.splitlines() if f".locks{description} " in line]
+    return line.split(f".locks{description} ", 1)[1].strip()
 
 
 def _side_ttls() -> tuple[int, int]:
@@ -101,9 +101,9 @@ def test_standalone_server(settings: SettingsWrapper, standalone: str) -> None:
 def test_heartbeat_and_audit_indexes(mongolock_settings: dict[str, Any]) -> None:
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert _row(out, "heartbeats: TTL index on alive_until (expireAfterSeconds=600)") == "created"
-    assert _row(out, "audit trail: TTL index on at (expireAfterSeconds=600)") == "created"
-    assert _row(out, "audit trail: index on key, at") == "created"
+    assert _row(out, ".processes: TTL index on alive_until (expireAfterSeconds=600)") == ("created")
+    assert _row(out, ".audit: TTL index on at (expireAfterSeconds=600)") == "created"
+    assert _row(out, ".audit: index on key, at") == "created"
     assert _side_ttls() == (600, 600)
     assert locks.store.audit.index_information()[AUDIT_KEY_INDEX]["key"] == [
         ("key", 1),
@@ -119,7 +119,7 @@ def test_audit_retention_of_its_own(
     settings.MONGOLOCK = {**mongolock_settings, "AUDIT_RETENTION": 86400 * 90}
     out, _, code = run_command("migrate_mongolock", "--check")
     assert code == 1
-    assert _row(out, "audit trail: TTL index on at (expireAfterSeconds=7776000)") == (
+    assert _row(out, ".audit: TTL index on at (expireAfterSeconds=7776000)") == (
         "differs (was 600)"
     )
     assert out.count("differs") == 1  # the locks and heartbeats follow RETENTION, unchanged

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.store import AUDIT_KEY_INDEX, AUDIT_TTL_INDEX, PROCESS_TTL_INDEX
 from django_mongolock.terminal import printable
+
+# The heartbeat and audit collections' indexes, by name: the collection they belong to.
+_SUFFIXES: Final = {
+    PROCESS_TTL_INDEX: ".processes",
+    AUDIT_TTL_INDEX: ".audit",
+    AUDIT_KEY_INDEX: ".audit",
+}
+
+
+def _plain(description: str) -> str:
+    """An index's description without the "heartbeats: " or "audit trail: " label."""
+    label, sep, rest = description.partition(": ")
+    return rest if sep and label in ("heartbeats", "audit trail") else description
 
 
 class Command(BaseCommand):
@@ -38,8 +52,10 @@ class Command(BaseCommand):
             plan = manager.check_indexes() if check else manager.ensure_indexes()
         except MongoLockError as exc:
             raise CommandError(str(exc), returncode=2) from exc
-        target = printable(f"{manager.database}.{manager.collection}")
-        width = max(len(item.description) for item in plan)
+        base = f"{manager.database}.{manager.collection}"
+        rows = [(printable(base + _SUFFIXES.get(item.name, "")), item) for item in plan]
+        names = [(target, _plain(item.description)) for target, item in rows]
+        width = max(len(target) + len(text) for target, text in names)
         styles = {
             "created": self.style.SUCCESS,
             "updated": self.style.SUCCESS,
@@ -48,10 +64,11 @@ class Command(BaseCommand):
             "differs": self.style.ERROR,
         }
         if verbosity >= 1:
-            for item in plan:
+            for (target, text), (_, item) in zip(names, rows, strict=True):
                 detail = f" ({item.detail})" if item.detail else ""
                 status = styles[item.action](item.action)
-                self.stdout.write(f"{target}: {item.description:<{width}}  {status}{detail}")
+                label = f"{target}: {text}"
+                self.stdout.write(f"{label:<{width + 2}}  {status}{detail}")
         problems = [
             f"{item.description} is " + ("missing" if item.action == "missing" else "out of date")
             for item in plan
