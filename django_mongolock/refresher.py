@@ -422,7 +422,8 @@ class _Lane:
             return
         try:
             store: LockStore = self.manager.store  # type: ignore[attr-defined]
-            with pymongo.timeout(max(MIN_WRITE_TIME, interval)):
+            # Half an interval at most: the next tick's refresh must not wait on it.
+            with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
                 store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             if not self._silent:
