@@ -747,7 +747,7 @@ class LockManager:
 
     def leader(self, key: str) -> str | None:
         """The owner id of ``key``'s current leader (its live exclusive holder), or None."""
-        info = self.status(key)
+        info = self.store.find(validate_key(key))  # one query: no liveness needed here
         return info.owner if info is not None and info.live and info.owner else None
 
     def _released(self, lock: Lock, held: bool) -> None:
