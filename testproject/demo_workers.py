@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
@@ -168,6 +167,7 @@ def importer(manager: LockManager, args: argparse.Namespace) -> None:
 
 
 async def hang(manager: LockManager) -> None:
+    """Hold the stuck import's lock for up to 90 s, or until it is lost; then queue again."""
     name = manager.owner
     while True:
         try:
