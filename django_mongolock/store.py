@@ -960,12 +960,14 @@ class LockStore:
             if doc is not None:
                 info = LockInfo.from_document(doc)
                 owner = info.owner or ", ".join(h.owner for h in info.live_holders)
+                # $literal: a key, owner, name or reason that starts with "$" is text, not
+                # a field path or variable of the update pipeline.
                 record = {
-                    "key": key,
-                    "owner": owner,
+                    "key": {"$literal": key},
+                    "owner": {"$literal": owner},
                     "token": info.token,
-                    "by": by,
-                    "reason": reason,
+                    "by": {"$literal": by},
+                    "reason": {"$literal": reason},
                     "expired": not info.live,
                     "at": "$$NOW",
                 }

@@ -176,3 +176,13 @@ def test_force_releases_racing_the_holders_refreshes_are_each_recorded(
         assert info.token == lock.token
         tokens.append(lock.token)
     assert [entry.token for entry in manager.history("busy")] == tokens[::-1]
+
+
+@pytest.mark.parametrize("text", ["$$NOW", "$gt", "$", "$key", "{$ne: 1}"])
+def test_audit_text_that_looks_like_an_operator_is_kept_as_text(
+    manager: LockManager, other: LockManager, text: str
+) -> None:
+    lock = other.acquire(text, ttl=30)
+    manager.force_release(text, reason=text, by=text)
+    [entry] = manager.history(text)
+    assert (entry.key, entry.owner, entry.reason, entry.by) == (text, lock.owner, text, text)
