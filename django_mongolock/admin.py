@@ -902,9 +902,9 @@ class LockAdmin(_ModelAdmin):
             messages.warning(
                 request,
                 ngettext(
-                    "%(count)d lock was not released: its holder’s process is alive. Tick the "
-                    "box to confirm.",
-                    "%(count)d locks were not released: their holders’ processes are alive. "
+                    "%(count)d lock was not released: the process holding it is alive. Tick "
+                    "the box to confirm.",
+                    "%(count)d locks were not released: the processes holding them are alive. "
                     "Tick a box for each to confirm.",
                     len(unconfirmed),
                 )

@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pymongo import MongoClient, monitoring
 
 from django_mongolock import LockManager, clock
 from django_mongolock.refresher import get_refresher
@@ -59,7 +61,8 @@ def test_a_live_holder_process_is_alive_and_a_killed_one_is_not(
     try:
         _wait_for(manager, "job", True, within=10)
         info = manager.status("job")
-        assert info is not None and info.holder_silent_for is not None
+        assert info is not None
+        assert info.holder_silent_for is not None
         assert 0 <= info.holder_silent_for < 2 * ttl / 3 + HEARTBEAT_SLACK
         listed = manager.list("all")
         assert [(i.key, i.holder_alive) for i in listed] == [("job", True)]
@@ -69,8 +72,10 @@ def test_a_live_holder_process_is_alive_and_a_killed_one_is_not(
     # The lease ends after ttl; the heartbeat is older than its bound a few seconds later.
     _wait_for(manager, "job", False, within=2 * ttl + HEARTBEAT_SLACK + 10)
     info = manager.status("job")
-    assert info is not None and not info.live
-    assert info.holder_silent_for is not None and info.holder_silent_for > HEARTBEAT_SLACK
+    assert info is not None
+    assert not info.live
+    assert info.holder_silent_for is not None
+    assert info.holder_silent_for > HEARTBEAT_SLACK
     assert info.as_dict()["holder_alive"] is False
 
 
@@ -83,9 +88,11 @@ def test_the_refresher_records_this_process_heartbeat(manager: LockManager) -> N
         assert clock.now() < deadline
         time.sleep(0.05)
     info = manager.status("mine")
-    assert info is not None and info.holder_alive is True
+    assert info is not None
+    assert info.holder_alive is True
     doc = manager.store.processes.find_one({"_id": process_of(lock.owner)})
-    assert doc is not None and doc["_id"] == f"{os.uname().nodename}:{os.getpid()}"
+    assert doc is not None
+    assert doc["_id"] == f"{os.uname().nodename}:{os.getpid()}"
     assert doc["interval"] == pytest.approx(0.1)
     lock.release()
 
@@ -103,7 +110,8 @@ def test_force_release_is_recorded_with_who_why_and_the_token(
 ) -> None:
     lock = other.acquire("report", ttl=30)
     info = manager.force_release("report", reason="stuck since noon", by="ops@bastion")
-    assert info is not None and info.token == lock.token
+    assert info is not None
+    assert info.token == lock.token
     history = manager.history("report")
     assert len(history) == 1
     entry = history[0]
@@ -121,7 +129,8 @@ def test_force_release_is_recorded_with_who_why_and_the_token(
     manager.force_release("report")
     newest, oldest = manager.history("report")
     assert (newest.token, oldest.token) == (second.token, lock.token)
-    assert "@" in newest.by and newest.reason == ""
+    assert "@" in newest.by
+    assert newest.reason == ""
     assert manager.history("report", limit=1) == [newest]
     assert manager.history("other-key") == []
 
@@ -132,7 +141,8 @@ def test_a_force_release_that_removes_nothing_records_nothing(
     lock = other.acquire("k", ttl=30)
     assert manager.force_release("k", token=lock.token + 1, reason="x") is None
     assert manager.force_release("missing") is None
-    assert manager.history("k") == [] and manager.history("missing") == []
+    assert manager.history("k") == []
+    assert manager.history("missing") == []
     assert manager.status("k") is not None
 
 
@@ -186,3 +196,41 @@ def test_audit_text_that_looks_like_an_operator_is_kept_as_text(
     manager.force_release(text, reason=text, by=text)
     [entry] = manager.history(text)
     assert (entry.key, entry.owner, entry.reason, entry.by) == (text, lock.owner, text, text)
+
+
+class _Finds(monitoring.CommandListener):
+    """The collections that ``find`` commands were sent to, in order."""
+
+    def __init__(self) -> None:
+        self.collections: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "find":
+            self.collections.append(str(event.command["find"]))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_a_page_costs_one_liveness_query_whatever_its_size(
+    mongolock_url: str, manager: LockManager, other: LockManager
+) -> None:
+    for n in range(60):
+        other.acquire(f"k{n:02}", ttl=30)
+    manager.store.heartbeat({f"host-{n}:1" for n in range(3)}, 10.0)
+    listener = _Finds()
+    client: MongoClient[Any] = MongoClient(mongolock_url, event_listeners=[listener])
+    try:
+        watched = LockManager(client=client, database=manager.database)
+        page = watched.list("all", limit=50)
+        assert len(page) == 50
+        assert listener.collections == ["locks", "locks.processes"]
+        assert {info.holder_alive for info in page} == {None}  # other's process: no heartbeat
+        listener.collections.clear()
+        assert watched.status("k00") is not None
+        assert listener.collections == ["locks", "locks.processes"]
+    finally:
+        client.close()
