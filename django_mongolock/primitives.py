@@ -216,6 +216,10 @@ class Election:
         self._manager = manager
         self._lock: Lock | None = None
         self._mutex = threading.Lock()
+        # Held while a campaign attempt runs: stop() waits for it, so that an attempt that
+        # wins after stop() gives its lock back while the manager is still open. Reentrant:
+        # a lock_released receiver of that give-back may itself call stop().
+        self._attempt = threading.RLock()
         self._active = threading.Event()
         self.changed = threading.Event()
         self.terms = 0
@@ -258,11 +262,17 @@ class Election:
         get_refresher().add_election(self)
 
     def stop(self) -> None:
-        """Stop campaigning; a leader steps down (releases) and ``on_demoted`` runs."""
+        """Stop campaigning; a leader steps down (releases) and ``on_demoted`` runs.
+
+        Waits for a campaign attempt under way (bounded by the server selection timeout),
+        so that no lock taken after ``stop()`` is left to the end of its lease.
+        """
         from django_mongolock.refresher import get_refresher
 
+        self._active.clear()
+        with self._attempt:  # an attempt under way sees the election stopped, and ends
+            pass
         with self._mutex:
-            self._active.clear()
             lock, self._lock = self._lock, None
             if lock is not None:
                 lock.on_lost = None  # this step-down is the term's one demotion
@@ -277,6 +287,10 @@ class Election:
 
     def campaign(self) -> None:
         """One attempt to become leader (called from the refresher's tick)."""
+        with self._attempt:
+            self._campaign()
+
+    def _campaign(self) -> None:
         if not self._active.is_set() or self.is_leader:
             return
         request = self._manager._request(self.key, self.ttl, False, None, tags={"kind": "election"})

@@ -41,10 +41,10 @@ def testable() -> Iterator[MongoReplicaSet]:
 
 @pytest.fixture
 def hang(testable: MongoReplicaSet) -> Iterator[Any]:
-    """``hang(app)``: the server holds every write of clients named ``app`` for 5 s."""
+    """``hang(app, ms=5000)``: the server holds every write of clients named ``app``."""
     admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
 
-    def arm(app: str) -> None:
+    def arm(app: str, ms: int = 5000) -> None:
         admin.admin.command(
             "configureFailPoint",
             "failCommand",
@@ -52,7 +52,7 @@ def hang(testable: MongoReplicaSet) -> Iterator[Any]:
             data={
                 "failCommands": ["update", "findAndModify"],
                 "blockConnection": True,
-                "blockTimeMS": 5000,
+                "blockTimeMS": ms,
                 "appName": app,
             },
         )
@@ -449,3 +449,27 @@ def test_a_failing_lock_released_receiver_does_not_break_release(
     for key in ("rel-a", "rel-b", "rel-c", "rel-lone"):
         status = manager.status(key)
         assert status is None or not status.live, key
+
+
+def test_stop_waits_for_a_campaign_under_way(
+    testable: MongoReplicaSet, hang: Any, manager: LockManager
+) -> None:
+    """An attempt that wins after stop() gives its lock back before stop() returns."""
+    campaigner = _manager(testable, "stopwait", "campaigner")
+    observer = _manager(testable, "stopwait", "observer")
+    try:
+        hang("campaigner", ms=1500)
+        election = campaigner.elect("stop-wait", ttl=30)
+        time.sleep(0.5)  # the first attempt is on its way, held by the server
+        election.stop()
+        # Without waiting, the attempt would win after stop() returned, and hold the key
+        # (its give-back held by the server too) while nobody leads.
+        until = clock.now() + 3.5
+        while clock.now() < until:
+            status = observer.status("stop-wait")
+            assert status is None or not status.live, status
+            time.sleep(0.05)
+        assert not election.is_leader
+    finally:
+        observer.client.drop_database("stopwait")
+        _close(campaigner, observer)
