@@ -67,8 +67,9 @@ class _Link:
 class TcpProxy:
     """Listens on 127.0.0.1 (a free port unless given) and forwards to ``target``.
 
-    ``classify(port)`` names the origin of a connection from its peer's local port (see
-    :func:`pid_of_peer`); connections from an origin in :meth:`isolate` are black-holed.
+    ``classify(peer_port, proxy_port)`` names the origin of a connection from its two
+    ports (see :func:`pid_of_peer`); connections from an origin in :meth:`isolate` are
+    black-holed.
     """
 
     def __init__(
@@ -76,7 +77,7 @@ class TcpProxy:
         target: tuple[str, int],
         *,
         port: int = 0,
-        classify: Callable[[int], str] | None = None,
+        classify: Callable[[int, int], str] | None = None,
         name: str = "proxy",
     ) -> None:
         self.target = target
@@ -217,7 +218,7 @@ class TcpProxy:
         if self._classify is None:
             return "client"
         peer = writer.get_extra_info("peername")
-        return self._classify(peer[1]) if peer else "unknown"
+        return self._classify(peer[1], self._port) if peer else "unknown"
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -295,36 +296,33 @@ class TcpProxy:
 # -- who opened a connection ----------------------------------------------------------------------
 
 
-def _socket_inode(port: int) -> int | None:
-    """The inode of the IPv4 loopback socket whose local port is ``port`` (/proc/net/tcp)."""
-    wanted = f"0100007F:{port:04X}"
+def _socket_inode(port: int, remote: int) -> int | None:
+    """The inode of the open loopback socket from local ``port`` to ``remote`` (/proc/net/tcp).
+
+    Both ends are matched, and closed sockets (inode 0, such as TIME_WAIT ones) skipped: a
+    local port is reused while an earlier connection from it still waits out its close.
+    """
+    wanted = (f"0100007F:{port:04X}", f"0100007F:{remote:04X}")
     try:
         with open("/proc/net/tcp") as lines:
             next(lines)
             for line in lines:
                 fields = line.split()
-                if fields[1] == wanted:
+                if (fields[1], fields[2]) == wanted and fields[9] != "0":
                     return int(fields[9])
     except OSError:
         return None
     return None
 
 
-def pid_of_peer(port: int, candidates: Iterable[int] | None = None) -> int | None:
-    """The pid of the local process whose socket has local port ``port``, or None.
-
-    Scans the descriptors of ``candidates`` (default: every process this user can see).
-    """
-    inode = _socket_inode(port)
+def pid_of_peer(port: int, remote: int, candidates: Iterable[int]) -> int | None:
+    """The pid, among ``candidates``, of the process whose socket goes from ``port`` to
+    ``remote`` on 127.0.0.1, or None."""
+    inode = _socket_inode(port, remote)
     if inode is None:
         return None
     target = f"socket:[{inode}]"
-    pids = (
-        candidates
-        if candidates is not None
-        else (int(p) for p in os.listdir("/proc") if p.isdigit())
-    )
-    for pid in pids:
+    for pid in candidates:
         try:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):

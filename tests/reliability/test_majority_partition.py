@@ -14,6 +14,7 @@ holder again.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import uuid
@@ -39,16 +40,21 @@ class Sides:
 
     def __init__(self) -> None:
         self.labels: dict[int, str] = {}
+        self.unknown: list[int] = []
 
-    def __call__(self, port: int) -> str:
-        pid = pid_of_peer(port, list(self.labels))
-        return "other" if pid is None else self.labels[pid]
+    def __call__(self, port: int, proxy_port: int) -> str:
+        pid = pid_of_peer(port, proxy_port, list(self.labels))
+        if pid is None:
+            self.unknown.append(port)
+            return "other"
+        return self.labels[pid]
 
 
 @pytest.fixture(scope="module")
 def split() -> Iterator[tuple[MongoReplicaSet, list[TcpProxy], Sides]]:
     """A three-node set whose members know each other by their proxies' addresses only."""
     sides = Sides()
+    sides.labels[os.getpid()] = "tester"  # this process's own clients, on neither side
     with ExitStack() as stack:
         replica_set = MongoReplicaSet(3, name="split")
         replica_set.start()
@@ -113,7 +119,11 @@ def test_a_primary_cut_off_from_the_majority_acknowledges_no_lock_and_its_holder
         # are slow for a while, until the other member follows the new primary).
         deadline = time.monotonic() + 60
         while (new := replica_set.primary()) is old:
-            assert time.monotonic() < deadline, "the majority elected no primary"
+            assert time.monotonic() < deadline, (
+                f"the majority elected no primary\n{replica_set._status()}\n"
+                f"unknown origins: {sides.unknown}\n"
+                + "\n".join(f"{p!r}: {sorted(link.origin for link in p._links)}" for p in proxies)
+            )
             time.sleep(0.05)
         through = proxies[replica_set.nodes.index(new)]
         contender = net_spawn(
@@ -164,6 +174,7 @@ def test_a_primary_cut_off_from_the_majority_acknowledges_no_lock_and_its_holder
         stray_status = observer.status("stray")
         assert stray_status is None or not stray_status.live, stray_status
     assert contender.call("release", name="k")["held"]
+    assert not sides.unknown, f"connections from unknown processes: {sides.unknown}"
     record(
         margin_seconds=won["done"] - max(notices.values()),
         notice_after_partition_plus_ttl_seconds=max(notices.values()) - (cut_at + TTL),

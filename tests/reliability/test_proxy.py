@@ -98,7 +98,7 @@ def test_delay_holds_every_chunk_back(
 
 def test_isolate_black_holes_one_origin_only(lone: MongoReplicaSet) -> None:
     node = lone.nodes[0]
-    with TcpProxy((node.host, node.port), classify=lambda port: "me") as proxy:
+    with TcpProxy((node.host, node.port), classify=lambda port, own: "me") as proxy:
         ms = round(TIMEOUT * 1000)
         client: MongoClient[dict[str, Any]]
         with MongoClient(
