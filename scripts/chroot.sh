@@ -27,10 +27,11 @@ set -euo pipefail
 # clone of the checkout, libcurl (the bundled mongod links it; Debian 13 renamed it
 # libcurl4t64).
 PACKAGES=python3,python3-venv,python3-dev,ca-certificates,git,make,build-essential,libcurl4t64
-# Chromium and a font for the admin's browser tests: installed with apt inside the finished
-# base, where /proc and /dev are mounted (debootstrap's --include leaves dconf, and so
-# Chromium, unconfigured).
-APT_PACKAGES="chromium fonts-dejavu-core"
+# Installed with apt inside the finished base, where /proc and /dev are mounted
+# (debootstrap's --include leaves dconf, and so Chromium, unconfigured), and added to an
+# existing root when this list grows: Chromium and a font for the admin's browser tests;
+# PostgreSQL, MariaDB and what mysqlclient builds against for the fenced-write tests.
+APT_PACKAGES="chromium fonts-dejavu-core postgresql mariadb-server libmariadb-dev pkg-config"
 # Bump when the root's recipe changes: roots with another stamp are rebuilt.
 RECIPE=1
 
@@ -127,7 +128,28 @@ configure_root() {
         fi
     done
     write_pip_conf "$root"
+    # Packages never start their services in the root (postgresql, mariadb-server): a daemon
+    # left running would hold the root's mounts. The tests start their own servers.
+    mkdir -p "$root/usr/sbin"
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod 755 "$root/usr/sbin/policy-rc.d"
     cp -f /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+}
+
+# APT_PACKAGES that the root lacks, installed with apt-get (nothing to do on a current root).
+install_apt_packages() {
+    local root=$1 package missing=()
+    for package in $APT_PACKAGES; do
+        chroot "$root" dpkg-query -W -f='${Status}' "$package" 2>/dev/null \
+            | grep -q 'ok installed' || missing+=("$package")
+    done
+    ((${#missing[@]})) || return 0
+    say "apt-get install ${missing[*]} in $root"
+    # A subshell: run_in's trap unmounts when it ends, before the stamp says the root is done.
+    (
+        run_in "$root" sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -q \
+            && apt-get install -y -q --no-install-recommends "$@" && apt-get clean' sh "${missing[@]}"
+    )
 }
 
 build() {
@@ -136,11 +158,12 @@ build() {
     [ -n "$suite" ] && [ -n "$root" ] || die "usage: $0 build SUITE DIR"
     mkdir -p "$(dirname "$root")"
     root=$(cd "$(dirname "$root")" && pwd)/$(basename "$root")
-    stamp="suite=$suite recipe=$RECIPE packages=$PACKAGES apt=$APT_PACKAGES"
+    stamp="suite=$suite recipe=$RECIPE packages=$PACKAGES"
     lock_root "$root"
-    if [ -f "$root/.matrix-root" ] && [ "$(cat "$root/.matrix-root")" = "$stamp" ]; then
+    if [ -f "$root/.matrix-root" ] && [[ "$(cat "$root/.matrix-root")" == "$stamp"* ]]; then
         say "$suite root at $root is ready (cached)"
         configure_root "$root"
+        install_apt_packages "$root"
         return
     fi
     if [ -e "$root" ]; then
@@ -161,13 +184,7 @@ build() {
     say "debootstrap $suite into $root (takes a few minutes)"
     debootstrap --variant=minbase --include="$PACKAGES" "$suite" "$root" "$mirror" "${script[@]}"
     configure_root "$root"
-    say "apt-get install $APT_PACKAGES in the $suite root"
-    # A subshell: run's trap unmounts when it ends, before the stamp says the root is done.
-    (
-        # shellcheck disable=SC2086
-        run_in "$root" sh -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -q \
-            && apt-get install -y -q --no-install-recommends $APT_PACKAGES && apt-get clean"
-    )
+    install_apt_packages "$root"
     echo "$stamp" >"$root/.matrix-root"
     say "$suite root at $root is ready: $(chroot "$root" python3 --version)"
 }
