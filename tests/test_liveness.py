@@ -234,3 +234,27 @@ def test_a_page_costs_one_liveness_query_whatever_its_size(
         assert listener.collections == ["locks", "locks.processes"]
     finally:
         client.close()
+
+
+def test_a_failing_heartbeat_is_logged_once_and_the_leases_are_kept(
+    manager: LockManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A validator that refuses every heartbeat document: the server answers each write
+    # with an error, as it would for a missing privilege.
+    database = manager.store.collection.database
+    database.create_collection(
+        f"{manager.collection}.processes", validator={"interval": {"$type": "string"}}
+    )
+    lock = manager.acquire("kept", ttl=0.6)
+    ticks = get_refresher().ticks
+    deadline = clock.now() + 10
+    while get_refresher().ticks < ticks + 8:
+        assert clock.now() < deadline
+        time.sleep(0.05)
+    assert lock.valid  # refreshed all along
+    info = manager.status("kept")
+    assert info is not None
+    assert info.holder_alive is None
+    warnings = [r for r in caplog.records if "cannot record this process's heartbeat" in r.message]
+    assert len(warnings) == 1
+    lock.release()
