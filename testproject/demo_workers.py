@@ -198,6 +198,9 @@ def operator(args: argparse.Namespace) -> None:
             admin.login()
             fields = admin.form(f"django_mongolock/lock/{quoted}/release/")
             if "token" in fields:
+                # The importer's process is alive (it sends heartbeats): confirm anyway.
+                fields["confirm_alive"] = f"{fields['token']}:{STUCK_KEY}"
+                fields["reason"] = "the import hangs"
                 admin.post(f"django_mongolock/lock/{quoted}/release/", fields)
                 say(
                     f"{STUCK_KEY}: the operator force-released it in the admin (token "
