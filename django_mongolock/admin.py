@@ -138,6 +138,13 @@ def _process(info: LockInfo) -> tuple[Literal["alive", "silent", "unknown"], str
     return "silent", _("process silent for %(duration)s") % {"duration": _duration(silent)}
 
 
+def _waiting_label(waiting: int) -> str:
+    """``3 waiting``: the line of blocked acquirers, the first sign of contention."""
+    if not waiting:
+        return ""
+    return ngettext("%(count)d waiting", "%(count)d waiting", waiting) % {"count": waiting}
+
+
 def key_segment(key: str) -> str:
     """A key as one URL path segment, as ``reverse()`` would write it for the admin.
 
@@ -200,6 +207,8 @@ class LockRow:
     process: Literal["alive", "silent", "unknown"] = "unknown"
     """Whether the holder's process sends heartbeats (``LockInfo.holder_alive``)."""
     process_label: str = ""
+    waiting_label: str = ""
+    """How many acquirers wait in line for the key; empty when none do."""
 
 
 # -- the request's list parameters --------------------------------------------------------------
@@ -469,6 +478,7 @@ class LockAdmin(_ModelAdmin):
             kind_label=_kind_label(info),
             process=process,
             process_label=process_label,
+            waiting_label=_waiting_label(info.waiting),
         )
 
     # -- the list -------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 import socket
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -737,6 +739,50 @@ def test_invalid_settings_get_a_page(admin_client: Client, settings: SettingsWra
     response = admin_client.get(LIST_URL)
     assert response.status_code == 503
     assert "python manage.py check" in response.content.decode()
+
+
+def test_list_and_detail_show_the_waiters(
+    admin_client: Client, locks: LockManager, other: LockManager
+) -> None:
+    """A real holder and a real waiter blocked in acquire() on another manager."""
+    holder = locks.acquire("queue/nightly", ttl=30)
+    got: list[int] = []
+
+    def wait_in_line() -> None:
+        with other.lock("queue/nightly", timeout=30) as lk:
+            got.append(lk.token)
+
+    waiter = threading.Thread(target=wait_in_line, daemon=True)
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 20
+        while (info := locks.status("queue/nightly")) is None or info.waiting < 1:
+            assert time.monotonic() < deadline, "the waiter never got in line"
+            time.sleep(0.05)
+        page = admin_client.get(LIST_URL)
+        [row] = [row for row in page.context["rows"] if row.info.key == "queue/nightly"]
+        assert row.waiting_label == "1 waiting"
+        assert '<span class="quiet mongolock-waiting">· 1 waiting</span>' in page.content.decode()
+        detail = admin_client.get(change_url("queue/nightly")).content.decode()
+        assert "Waiting:" in detail
+        assert '<div class="readonly mongolock-waiting">1 waiting</div>' in detail
+    finally:
+        holder.release()
+        waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    [token] = got
+    assert token > holder.token
+    # Nobody waits any more: the list says nothing, the key's page says so.
+    again = locks.acquire("queue/nightly", ttl=30)
+    try:
+        page = admin_client.get(LIST_URL)
+        [row] = [row for row in page.context["rows"] if row.info.key == "queue/nightly"]
+        assert row.waiting_label == ""
+        assert "mongolock-waiting" not in page.content.decode()
+        detail = admin_client.get(change_url("queue/nightly")).content.decode()
+        assert '<div class="readonly mongolock-waiting">nobody</div>' in detail
+    finally:
+        again.release()
 
 
 # -- holder liveness and the audit trail ---------------------------------------------------------
