@@ -94,6 +94,7 @@ class TcpProxy:
         self.connections = 0
         self.forwarded = 0
         self.discarded = 0
+        self.resets = 0
 
     def __repr__(self) -> str:
         return (
@@ -211,6 +212,7 @@ class TcpProxy:
 
     def _reset_all(self) -> None:
         for link in list(self._links):
+            self.resets += 1
             _reset(link.client)
             _reset(link.server)
 
@@ -223,6 +225,7 @@ class TcpProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         if self._mode == "reset":
+            self.resets += 1
             _reset(writer)
             return
         origin = self._origin(writer)

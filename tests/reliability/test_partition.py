@@ -337,12 +337,12 @@ def test_a_black_holed_server_delays_no_other_servers_locks(
         proxy.set_mode("drop")
         dropped = time.monotonic()
         taken: list[tuple[float, Lock]] = []
-        rival_thread = threading.Thread(
-            target=lambda: taken.append(
-                (time.monotonic(), rival.acquire("far", ttl=ttl, timeout=30))
-            ),
-            daemon=True,
-        )
+
+        def take() -> None:
+            successor = rival.acquire("far", ttl=ttl, timeout=30)
+            taken.append((time.monotonic(), successor))
+
+        rival_thread = threading.Thread(target=take, daemon=True)
         rival_thread.start()
         first_invalid = None
         while time.monotonic() < dropped + 3 * ttl:
