@@ -11,16 +11,19 @@ companion key column)::
 The database evaluates the condition and writes the row in one step, under the row's
 write lock (PostgreSQL re-checks it on the newest row version after a concurrent update,
 InnoDB reads the newest version, SQLite has one writer at a time), so no read comes
-between the check and the write.
+between the check and the write. The condition must stay on the updated table itself:
+Django moves a joined filter into a subquery (which PostgreSQL does not re-check) or a
+pre-select (MySQL), so such a queryset's primary keys are read first and the UPDATE
+filters on them; an update that would span tables (multi-table inheritance) is refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.db import models, router, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Q, QuerySet, sql
 from django.db.models.lookups import Exact
 
 from django_mongolock.exceptions import FenceKeyConflict, StaleTokenError
@@ -117,6 +120,12 @@ def fenced_update(queryset: QuerySet[_M], lock: Lock, **values: Any) -> int:
     The lock's own state is not consulted: a lost lock whose key nobody took since still
     writes (no newer token exists to refuse it); the resource refuses only what a newer
     holder supersedes.
+
+    A queryset that filters across a relation (a join) is read first for its primary keys,
+    then written by ``UPDATE ... WHERE pk IN (...) AND <fence>``: the fence is checked on
+    the row written, never in a subquery's copy. A write that spans tables (a parent's
+    field, or a fence on a parent's table, under multi-table inheritance) raises
+    ValueError before any query: Django would write the parent in a separate UPDATE.
     """
     if not isinstance(queryset, QuerySet):
         raise TypeError(f"queryset must be a Django QuerySet, got {shown(queryset)}")
@@ -133,13 +142,50 @@ def fenced_update(queryset: QuerySet[_M], lock: Lock, **values: Any) -> int:
     allowed = Q(**{f"{fence.name}__isnull": True}) | (
         Q(**{f"{fence.name}__lte": lock.token}) & same_key
     )
-    written = queryset.filter(allowed).update(
-        **values, **{fence.name: lock.token, fence.key_name: lock.key}
-    )
+    written_values = {**values, fence.name: lock.token, fence.key_name: lock.key}
+    _check_one_table(queryset, written_values)
+    target = queryset
+    if _joins(queryset):
+        # Django would move the filter, fence condition included, into a subquery (or a
+        # pre-select on MySQL), and the row written would not be the row checked: pick
+        # the rows first, then check the fence on each in the UPDATE itself.
+        db = getattr(queryset, "_db", None) or router.db_for_write(queryset.model)
+        pks = list(queryset.using(db).values_list("pk", flat=True))
+        if not pks:
+            return 0
+        target = queryset.model._base_manager.using(db).filter(pk__in=pks)
+    written = target.filter(allowed).update(**written_values)
     if written:
         return written
-    _refused(queryset, fence, lock)
+    _refused(target, fence, lock)
     return 0
+
+
+def _check_one_table(queryset: QuerySet[_M], values: dict[str, Any]) -> None:
+    """A ValueError naming the model when the UPDATE would write more than one table.
+
+    Django writes a parent model's fields (multi-table inheritance) in a second UPDATE on
+    the primary keys it selected first, without the fence condition: the check would come
+    before the write instead of in it.
+    """
+    query = cast(sql.UpdateQuery, queryset.query.chain(sql.UpdateQuery))
+    query.add_update_values(values)
+    related: dict[type[models.Model], Any] = query.related_updates  # type: ignore[attr-defined]
+    if related:
+        parents = sorted(m._meta.label for m in related)
+        raise ValueError(
+            f"a fenced write on {queryset.model._meta.label} would also write the parent "
+            f"table(s) of {', '.join(parents)}: the fence and every written field must be "
+            "on the model's own table (multi-table inheritance writes parents in a "
+            "separate, unfenced UPDATE)"
+        )
+
+
+def _joins(queryset: QuerySet[_M]) -> bool:
+    """Whether the queryset's filter reads more than the model's own table."""
+    query = queryset.query.chain()
+    query.get_initial_alias()
+    return query.count_active_tables() > 1
 
 
 def _refused(queryset: QuerySet[_M], fence: FenceField, lock: Lock) -> None:

@@ -20,7 +20,7 @@ from django.db import connections
 
 from tests.fencing.mariadb import MariaDBServer
 from tests.fencing.postgres import PostgresServer
-from tests.fencingapp.models import Report
+from tests.fencingapp.models import Archive, Entry, Note, Report, Team
 
 ALIASES = ("fence_sqlite", "fence_pg", "fence_mysql")
 
@@ -100,4 +100,5 @@ def db_alias(
         try:
             yield alias
         finally:
-            Report.objects.using(alias).all().delete()
+            for model in (Report, Entry, Team, Archive, Note):
+                model.objects.using(alias).all().delete()

@@ -19,3 +19,60 @@ class Report(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Team(models.Model):
+    """The other side of a join: entries are filtered by their team's name."""
+
+    name = models.CharField(max_length=100)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Entry(models.Model):
+    """A fenced row with a foreign key, so that a queryset can filter across a join."""
+
+    name = models.CharField(max_length=100, unique=True)
+    body = models.TextField(default="")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE)
+    fence = FenceField()
+    fence_key: str | None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Archive(models.Model):
+    """A parent (multi-table inheritance) that holds the fence: its children cannot fence."""
+
+    name = models.CharField(max_length=100, unique=True)
+    body = models.TextField(default="")
+    fence = FenceField()
+    fence_key: str | None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ArchiveCopy(Archive):
+    """A child whose fence lives on its parent's table."""
+
+    extra = models.TextField(default="")
+
+
+class Note(models.Model):
+    """A parent without a fence: its child fences its own table."""
+
+    title = models.CharField(max_length=100, default="")
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Memo(Note):
+    """A child whose fence and body live on its own table, its title on the parent's."""
+
+    body = models.TextField(default="")
+    fence = FenceField()
+    fence_key: str | None
