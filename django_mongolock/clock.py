@@ -9,7 +9,8 @@ late, and both are covered here:
   platform has it (Linux); elsewhere ``time.monotonic()``.
 - the local clock runs slower than the server's. A quartz clock is off by well under
   0.01 %, and NTP slews by at most 0.05 %; the margin is 1 % of the lease, at least
-  50 ms (thread scheduling, the time to set a flag), at most a quarter of the lease.
+  250 ms (thread scheduling on a loaded machine, the time to set a flag and start the
+  notices), at most a quarter of the lease.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["DRIFT_RATE", "MIN_MARGIN", "margin", "now"]
 DRIFT_RATE = 0.01
 """The share of a lease the holder gives up at its end, for clock drift."""
 
-MIN_MARGIN = 0.05
+MIN_MARGIN = 0.25
 """The margin in seconds for short leases (scheduling delays of the notice itself)."""
 
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
