@@ -138,6 +138,13 @@ def _process(info: LockInfo) -> tuple[Literal["alive", "silent", "unknown"], str
     return "silent", _("process silent for %(duration)s") % {"duration": _duration(silent)}
 
 
+def _may_be_alive(info: LockInfo | None) -> bool:
+    """Whether releasing ``info`` needs the ticked box: its lease is live and its holder
+    is not known to be dead (alive, or no heartbeat from it yet: refresh=False, shared,
+    or taken less than a third of the ttl ago)."""
+    return info is not None and info.live and info.holder_alive is not False
+
+
 def _waiting_label(waiting: int) -> str:
     """``3 waiting``: the line of blocked acquirers, the first sign of contention."""
     if not waiting:
@@ -788,7 +795,7 @@ class LockAdmin(_ModelAdmin):
     ) -> HttpResponse:
         """What would be released, as the server sees it now; changed locks are left out.
 
-        A lock whose holder's process is alive gets a box to tick: the release of that
+        A live lock whose holder is not known to be dead gets a box to tick: the release of that
         lock goes ahead only with it ticked. ``unconfirmed``: shown again because a box
         was left unticked.
         """
@@ -809,7 +816,7 @@ class LockAdmin(_ModelAdmin):
                     "selection": f"{token}:{key}",
                     "outcome": outcome,
                     "current": None if current is None else self._row(current),
-                    "alive": outcome == "release" and bool(current and current.holder_alive),
+                    "alive": outcome == "release" and _may_be_alive(current),
                 }
             )
         releasable = [item for item in items if item["outcome"] == "release"]
@@ -843,7 +850,7 @@ class LockAdmin(_ModelAdmin):
     ) -> HttpResponse:
         """Delete each lock only at the token the operator confirmed; log and report each.
 
-        A lock whose holder's process is alive is released only if its box was ticked;
+        A live lock whose holder is not known to be dead is released only if its box was ticked;
         the others are shown for confirmation again. Each release is recorded in the
         audit trail with the user's name and the reason given.
         """
@@ -858,7 +865,7 @@ class LockAdmin(_ModelAdmin):
             if (
                 current is not None
                 and current.token == token
-                and current.holder_alive
+                and _may_be_alive(current)
                 and f"{token}:{key}" not in confirmed
             ):
                 unconfirmed.append((key, token))
@@ -912,9 +919,9 @@ class LockAdmin(_ModelAdmin):
             messages.warning(
                 request,
                 ngettext(
-                    "%(count)d lock was not released: the process holding it is alive. Tick "
-                    "the box to confirm.",
-                    "%(count)d locks were not released: the processes holding them are alive. "
+                    "%(count)d lock was not released: the process holding it may be alive. "
+                    "Tick the box to confirm.",
+                    "%(count)d locks were not released: the processes holding them may be alive. "
                     "Tick a box for each to confirm.",
                     len(unconfirmed),
                 )

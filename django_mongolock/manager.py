@@ -350,8 +350,9 @@ class LockManager:
         when the timeout passes; ServerUnavailable at once when MongoDB cannot be
         reached. The lease is kept alive in the background unless ``refresh`` (default:
         the manager's ``refresh``) is False; ``on_lost`` is called once if it is lost.
-        ``reentrant=True``: a thread that holds ``key`` through a reentrant acquire of
-        this manager gets the same handle again, one more hold, without I/O.
+        ``reentrant=True``: a thread (inside a running loop, the asyncio task) that
+        holds ``key`` through a reentrant acquire of this manager gets the same handle
+        again, one more hold, without I/O.
         """
         request = self._request(key, ttl, shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
@@ -359,7 +360,9 @@ class LockManager:
         check_callback("on_lost", on_lost)
         if not _reentrant(reentrant, shared):
             return self._acquire(request, wait, keep, on_lost)
-        holder = current_holder(task=False)
+        # The running asyncio task if there is one: tasks sharing a loop's thread are
+        # separate holders, and one must not be handed another's handle.
+        holder = current_holder(task=True)
         lock = self._reentries.enter(holder, request.key)
         if lock is None:
             lock = self._acquire(request, wait, keep, on_lost)
@@ -1129,12 +1132,29 @@ def _audit_text(name: str, value: object, *, allow_empty: bool) -> str:
 
 
 def _operator() -> str:
-    """Who runs this process, for the audit trail: ``user@host``."""
+    """Who runs this process, for the audit trail: ``user@host`` (``(sudo from U)``).
+
+    The name comes from the effective uid, not from LOGNAME or USER, which anyone can
+    set; a sudo run also names the user who ran sudo.
+    """
+    who = f"{_user_name()}@{socket.gethostname()}"
+    sudo = os.environ.get("SUDO_USER")
+    return f"{who} (sudo from {sudo})" if sudo else who
+
+
+def _user_name() -> str:
+    """The effective user's name from the password database; the uid if it has none."""
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a bare container)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+        import pwd
+    except ImportError:  # pragma: no cover - no pwd (Windows)
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):
+            return "unknown"
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # no name for this uid (a bare container)
+        return str(os.geteuid())
 
 
 def _reentrant(reentrant: bool, shared: bool) -> bool:

@@ -1,6 +1,6 @@
 """Reentrant holds: the same thread (or asyncio task) taking a lock it holds gets it again.
 
-A manager keeps, per holder (a thread for ``acquire``, a task for ``aacquire``) and key,
+A manager keeps, per holder (the running asyncio task, else the thread) and key,
 the handle it took with ``reentrant=True``. Taking the key again from the same holder
 counts one more hold on that handle instead of asking the server; ``release()`` counts
 down, and only the outermost one gives the lock up. A handle that is no longer valid
@@ -21,9 +21,13 @@ __all__ = ["Reentries", "current_holder"]
 
 
 def current_holder(*, task: bool) -> object:
-    """Who is acquiring: the running asyncio task (``task=True``) or the current thread."""
+    """Who is acquiring: with ``task=True`` the running asyncio task, if this thread runs
+    one; else the current thread."""
     if task:
-        running = asyncio.current_task()
+        try:
+            running = asyncio.current_task()
+        except RuntimeError:  # no loop runs in this thread
+            running = None
         if running is not None:
             return running
     return threading.current_thread()

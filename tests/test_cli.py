@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import getpass
 import itertools
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -51,7 +51,7 @@ def test_release_names_the_holder_who_then_loses_the_lock(
     other: LockManager, lock_events: list[tuple[str, Any]]
 ) -> None:
     lock = other.acquire("report-gen", ttl=30)
-    out, err, code = run_command("mongolock", "release", "report-gen")
+    out, err, code = run_command("mongolock", "release", "report-gen", "--force")
     assert (code, err) == (0, "")
     assert out.startswith("Released 'report-gen': held by ")
     assert f"held by {lock.owner} (token {lock.token})" in out
@@ -85,7 +85,9 @@ def test_release_only_at_a_token(other: LockManager) -> None:
     assert f"lock 'job' now has token {lock.token}, not {lock.token - 1}" in err
     assert lock.owner in err
     assert lock.valid
-    out, err, code = run_command("mongolock", "release", "job", "--token", str(lock.token))
+    out, err, code = run_command(
+        "mongolock", "release", "job", "--token", str(lock.token), "--force"
+    )
     assert (code, err) == (0, "")
     assert locks.status("job") is None
     _, err, code = run_command("mongolock", "release", "job", "--token", "1")
@@ -94,7 +96,7 @@ def test_release_only_at_a_token(other: LockManager) -> None:
 
 def test_release_quietly_and_a_bad_key(other: LockManager) -> None:
     other.acquire("job", ttl=30)
-    assert run_command("mongolock", "release", "job", "--verbosity", "0") == ("", "", 0)
+    assert run_command("mongolock", "release", "job", "--force", "--verbosity", "0") == ("", "", 0)
     out, err, code = run_command("mongolock", "release", "")
     assert (out, code) == ("", 2)
     assert "must not be empty" in err
@@ -345,7 +347,7 @@ def test_help_shows_subcommands_examples_and_exit_codes() -> None:
     for needle in ("release", "list", "status", "history", "examples:", "mongolock list --all"):
         assert needle in text
     assert "exit status:\n  0   done\n  1   no such lock" in text
-    assert "  3   (release) the holder's process is alive" in text
+    assert "  3   (release) the lease is live and its holder is not known to be dead" in text
     assert "  75  " in text
     actions = [action for action in parser._actions if action.dest == "subcommand"]
     subparsers = actions[0].choices
@@ -465,7 +467,7 @@ def test_status_and_release_escape_keys_and_owners(hostile: list[Any]) -> None:
     assert code == 1
     assert _raw_controls(err) == set()
     assert r"held by owner\x1b]0;pwned\x07\n\u2066x:" in err
-    out, err, code = run_command("mongolock", "release", lock.key)
+    out, err, code = run_command("mongolock", "release", lock.key, "--force")
     assert (code, err) == (0, "")
     assert _raw_controls(out) == set()
     assert out.startswith(r"Released '\x1b[2J': held by owner\x1b]0;pwned\x07\n\u2066x:")
@@ -489,6 +491,11 @@ def test_json_keeps_keys_and_owners_exact_in_ascii(hostile: list[Any]) -> None:
 
 
 # -- holder liveness, --force, --reason and history ------------------------------------------
+
+
+def _me() -> str:
+    """The effective user's name, as the audit trail records it."""
+    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 def _alive(manager: LockManager, key: str) -> Any:
@@ -519,7 +526,7 @@ def test_release_refuses_while_the_holder_process_is_alive(other: LockManager) -
     assert locks.status("job") is None
     [entry] = locks.history("job")
     assert (entry.owner, entry.token, entry.reason) == (lock.owner, lock.token, "stuck since noon")
-    assert entry.by == f"{getpass.getuser()}@{socket.gethostname()}"
+    assert entry.by == f"{_me()}@{socket.gethostname()}"
 
 
 def test_release_of_an_unknown_or_dead_holder_proceeds_and_is_recorded() -> None:
@@ -576,14 +583,14 @@ def test_history_table_json_and_none(other: LockManager) -> None:
     first = other.acquire("job", ttl=30)
     locks.force_release("job", reason="first", by="alice@admin")
     second = other.acquire("job", ttl=30)
-    run_command("mongolock", "release", "job")
+    run_command("mongolock", "release", "job", "--force")
     out, err, code = run_command("mongolock", "history", "job")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].split() == ["WHEN", "BY", "OWNER", "TOKEN", "REASON"]
     newest, oldest = lines[1].split(), lines[2].split()
     assert newest[3:] == [
-        f"{getpass.getuser()}@{socket.gethostname()}",
+        f"{_me()}@{socket.gethostname()}",
         second.owner,
         str(second.token),
         "-",
@@ -619,7 +626,9 @@ def test_history_table_json_and_none(other: LockManager) -> None:
 def test_history_escapes_what_a_terminal_would_act_on(hostile: list[Any]) -> None:
     lock = hostile[0]
     reason = "\x1b[2Jwiped\nfake row"
-    out, err, code = run_command("mongolock", "release", lock.key, "--reason", reason, "-v", "2")
+    out, err, code = run_command(
+        "mongolock", "release", lock.key, "--force", "--reason", reason, "-v", "2"
+    )
     assert (code, err) == (0, "")
     assert _raw_controls(out) == set()
     out, err, code = run_command("mongolock", "history", lock.key)
@@ -635,8 +644,76 @@ def test_history_escapes_what_a_terminal_would_act_on(hostile: list[Any]) -> Non
 
 def test_release_with_a_bad_reason_changes_nothing(other: LockManager) -> None:
     other.acquire("job", ttl=30)
-    _, err, code = run_command("mongolock", "release", "job", "--reason", "x" * 1001)
+    _, err, code = run_command("mongolock", "release", "job", "--force", "--reason", "x" * 1001)
     assert code == 2
     assert "reason must be" in err
     assert locks.status("job") is not None
     assert locks.history("job") == []
+
+
+@pytest.mark.parametrize(
+    ("key", "how"),
+    [
+        ("fresh", {"ttl": 30}),  # the first heartbeat comes a third of the ttl later
+        ("kept", {"ttl": 30, "refresh": False}),  # no refresher, no heartbeat
+        ("read", {"ttl": 30, "shared": True}),
+    ],
+)
+def test_release_refuses_a_live_lease_whose_holder_is_not_known_to_be_dead(
+    other: LockManager, key: str, how: dict[str, Any]
+) -> None:
+    lock = other.acquire(key, **how)
+    assert locks.status(key).holder_alive is not False  # type: ignore[union-attr]
+    out, err, code = run_command("mongolock", "release", key)
+    assert (out, code) == ("", 3)
+    assert f"lock {key!r} is held by " in err
+    assert "not known to be dead" in err or "whose process is alive" in err
+    assert "nothing released" in err
+    assert "--force" in err
+    assert lock.valid
+    assert locks.status(key) is not None
+    assert locks.history(key) == []
+    out, err, code = run_command("mongolock", "release", key, "--force")
+    assert (code, err) == (0, "")
+    assert locks.status(key) is None
+
+
+def test_the_audit_record_names_the_real_user_not_logname(
+    other: LockManager, mongolock_url: str, mongolock_database: str
+) -> None:
+    other.acquire("spoofed", ttl=30)
+    env = {
+        **_env(mongolock_url, mongolock_database),
+        "LOGNAME": "spoof",
+        "USER": "spoof",
+        "LNAME": "spoof",
+        "USERNAME": "spoof",
+    }
+    env.pop("SUDO_USER", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "mongolock", "release", "spoofed", "--force"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    [entry] = locks.history("spoofed")
+    assert entry.by == f"{_me()}@{socket.gethostname()}"
+    assert "spoof" not in entry.by
+    env["SUDO_USER"] = "alice"
+    other.acquire("spoofed", ttl=30)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "mongolock", "release", "spoofed", "--force"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    newest = locks.history("spoofed")[0]
+    assert newest.by == f"{_me()}@{socket.gethostname()} (sudo from alice)"

@@ -102,6 +102,33 @@ def test_two_tasks_are_two_holders(manager: LockManager) -> None:
     assert manager.status("re-tasks") is None
 
 
+def test_two_tasks_calling_the_sync_acquire_are_two_holders(manager: LockManager) -> None:
+    """One loop's thread runs both tasks: the sync acquire must still tell them apart."""
+
+    async def main() -> tuple[Lock, BaseException | Lock]:
+        first = manager.acquire("re-sync-tasks", ttl=10, reentrant=True, blocking=False)
+        try:
+
+            async def other_task() -> Lock:
+                return manager.acquire("re-sync-tasks", ttl=10, reentrant=True, blocking=False)
+
+            try:
+                second: BaseException | Lock = await asyncio.create_task(other_task())
+            except LockNotAcquired as refused:
+                second = refused
+            again = manager.acquire("re-sync-tasks", ttl=10, reentrant=True, blocking=False)
+            assert again is first  # the task that holds it does re-enter
+            first.release()
+            return first, second
+        finally:
+            first.release()
+
+    first, second = asyncio.run(main())
+    assert isinstance(second, LockNotAcquired), "the second task was handed the first's handle"
+    assert first.released
+    assert manager.status("re-sync-tasks") is None
+
+
 def test_a_lost_handle_is_not_handed_out_again(manager: LockManager) -> None:
     lost = manager.acquire("re-lost", ttl=0.3, refresh=False, reentrant=True)
     assert lost.lost.wait(10)

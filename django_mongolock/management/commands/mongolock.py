@@ -58,7 +58,8 @@ exit status:
   {EXIT_OK}   done
   {EXIT_NO_LOCK}   no such lock (release, status)
   {EXIT_ERROR}   MongoDB could not be reached or refused; invalid settings or arguments
-  {EXIT_HOLDER_ALIVE}   (release) the holder's process is alive: nothing released (see --force)
+  {EXIT_HOLDER_ALIVE}   (release) the lease is live and its holder is not known to be dead: nothing
+      released (see --force)
   {BUSY_EXIT_CODE}  (from commands decorated with @locked) the lock was busy: try again later
 """
 
@@ -104,11 +105,12 @@ class Command(BaseCommand):
 
         release = commands.add_parser(
             RELEASE,
-            help="force-release a lock (refused while its holder's process is alive)",
+            help="force-release a lock (refused while its holder may be alive)",
             description="Remove the lock KEY and print who held it. The former holder sees "
             "its lock as lost at its next refresh; its fencing token is stale from now on. "
-            f"Refused (exit {EXIT_HOLDER_ALIVE}) while the holder's process sends heartbeats, "
-            "unless --force. Every release is recorded in the audit trail (see history), "
+            f"Refused (exit {EXIT_HOLDER_ALIVE}) while the lease is live and its holder is not "
+            "known to be dead (it sends heartbeats, or has sent none yet), unless --force. "
+            "Every release is recorded in the audit trail (see history), "
             "with your OS user@host. Exits 1 when there is no such lock.",
             epilog=EXIT_CODES,
             formatter_class=_HelpFormatter,
@@ -125,7 +127,7 @@ class Command(BaseCommand):
         release.add_argument(
             "--force",
             action="store_true",
-            help="release even though the holder's process is alive",
+            help="release even though the holder may be alive",
         )
         release.add_argument(
             "--reason",
@@ -287,19 +289,27 @@ class Command(BaseCommand):
             self.stdout.write(f"Recorded in the audit trail{why}.")
 
     def _refuse_alive(self, manager: LockManager, key: str, token: int | None) -> int | None:
-        """The token to release at; CommandError while the holder's process is alive."""
+        """The token to release at; CommandError unless the lease ended or its holder is dead.
+
+        A holder whose liveness is unknown (no heartbeat yet, a lease kept without the
+        refresher, a shared lease) may be running: only --force breaks it.
+        """
         current = manager.status(key)
         if current is None or (token is not None and current.token != token):
             return token  # force_release finds nothing and says so
+        if not current.live or current.holder_alive is False:
+            return current.token
         if current.holder_alive:
             silent = current.holder_silent_for or 0.0
-            raise CommandError(
-                f"lock {key!r} is held by {_who(current)} (token {current.token}), whose "
-                f"process is alive (last heartbeat {_relative(-silent)}); nothing released. "
-                "Stop the holder, or pass --force to break its lock anyway.",
-                returncode=EXIT_HOLDER_ALIVE,
-            )
-        return current.token
+            state = f"whose process is alive (last heartbeat {_relative(-silent)})"
+        else:
+            state = "whose process is not known to be dead (no heartbeat from it yet)"
+        raise CommandError(
+            f"lock {key!r} is held by {_who(current)} (token {current.token}), {state}, and "
+            f"its lease ends {_relative(current.remaining)}; nothing released. Stop the "
+            "holder, wait for the lease to end, or pass --force to break its lock anyway.",
+            returncode=EXIT_HOLDER_ALIVE,
+        )
 
     def _history(
         self, manager: LockManager, key: str, limit: int, as_json: bool, verbosity: int
