@@ -3,20 +3,24 @@
 The rule, in one ``update_one`` (``fence`` stands for ``field``)::
 
     filter: {"$and": [<filter>,
-                      {"$or": [{"fence": null},
-                               {"fence": {"$lte": token},
+                      {"$or": [{"fence": {"$eq": null, "$not": {"$type": "array"}}},
+                               {"fence": {"$type": "number", "$not": {"$type": "array"},
+                                          "$lte": token},
                                 "fence_key": {"$in": [key, null]}}]}]}
     update: <update> plus {"$set": {"fence": token, "fence_key": key}}
 
 MongoDB matches and modifies the document in one atomic step, so no read comes between
-the check and the write.
+the check and the write. The type checks matter: ``null`` and ``$lte`` alone would match an
+array holding one null or one small number.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from bson.regex import Regex
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 from pymongo.results import UpdateResult
@@ -46,7 +50,11 @@ def fenced_update_one(
     ``FenceKeyConflict`` for another key; no such document returns the result as is
     (``matched_count == 0``). The read only names the outcome; it never decides a write.
 
-    ``upsert=True`` needs an ``_id`` in ``filter``: when a newer holder's document exists
+    A document whose fence is neither missing, null nor a number (an array, a string) is
+    never written: ValueError naming it, since only a fenced write should set the fence.
+
+    ``upsert=True`` needs ``filter`` to name one ``_id`` by equality (a value or
+    ``{"$eq": value}``, not ``$in``, ``$gte`` or a regex): when a newer holder's document exists
     the insert that follows the refused match collides on ``_id`` (``DuplicateKeyError``,
     turned into ``StaleTokenError``), so a refused upsert can never add a duplicate. Only
     update documents (``$set``, ``$inc`` ...) are taken, not pipelines or replacements.
@@ -60,10 +68,16 @@ def fenced_update_one(
             dict(filter),
             # A fence without a key predates the key field (the hand-written recipe):
             # compared by token only, and claimed for this key by the write.
+            # The type checks keep an array from passing on one element ($eq null, $lte
+            # and $type match any element of an array): only a missing/null or number
+            # fence writes. ($expr would say it shorter, but an upsert's filter refuses it.)
             {
                 "$or": [
-                    {field: None},
-                    {field: {"$lte": lock.token}, key_field: {"$in": [lock.key, None]}},
+                    {field: {"$eq": None, "$not": {"$type": "array"}}},
+                    {
+                        field: {"$type": "number", "$not": {"$type": "array"}, "$lte": lock.token},
+                        key_field: {"$in": [lock.key, None]},
+                    },
                 ]
             },
         ]
@@ -103,11 +117,27 @@ def _check(
         raise TypeError(f"field must be a str, got {field!r}")
     if not field or field.startswith("$") or "." in field:
         raise ValueError(f"field must be a top-level field name, got {field!r}")
-    if upsert and "_id" not in filter:
+    if upsert and not _is_equality(filter.get("_id", _MISSING)):
         raise ValueError(
-            "upsert=True needs filter to name the document's _id: only a collision on _id "
-            f"keeps a refused upsert from inserting a duplicate; got filter {filter!r}"
+            "upsert=True needs filter to name the document's _id by equality (a value or "
+            "{'$eq': value}): only a collision on that _id keeps a refused upsert from "
+            f"inserting a new document; got filter {filter!r}"
         )
+
+
+_MISSING = object()
+
+
+def _is_equality(value: object) -> bool:
+    """Whether ``value``, as a filter's ``_id``, names one _id that an upsert inserts."""
+    if value is _MISSING or isinstance(value, re.Pattern | Regex):
+        return False
+    if isinstance(value, Mapping):
+        operators = [k for k in value if isinstance(k, str) and k.startswith("$")]
+        if not operators:
+            return True  # an embedded document _id, compared whole
+        return list(value) == ["$eq"] and _is_equality(value["$eq"])
+    return True
 
 
 def _check_update(update: Mapping[str, Any], field: str, key_field: str) -> None:
@@ -137,8 +167,22 @@ def _refused(
     key_field: str,
 ) -> None:
     """Raise why the update matched nothing, from the filter's greatest fence, if any."""
+    odd = collection.find_one(
+        {
+            "$and": [
+                dict(filter),
+                {"$expr": {"$not": [{"$in": [{"$type": f"${field}"}, _FENCE_TYPES]}]}},
+            ]
+        },
+        projection={field: 1},
+    )
+    if odd is not None:
+        raise ValueError(
+            f"document {odd.get('_id')!r} has {field}={odd.get(field)!r}, not a number: a "
+            "fenced write refuses it (only fenced writes may set the fence)"
+        )
     top = collection.find_one(
-        {"$and": [dict(filter), {field: {"$ne": None}}]},
+        {"$and": [dict(filter), {"$expr": {"$isNumber": f"${field}"}}]},
         projection={"_id": 0, field: 1, key_field: 1},
         sort=[(field, -1)],
     )
@@ -150,6 +194,10 @@ def _refused(
         raise FenceKeyConflict(lock.key, lock.token, str(stored_key), _int(stored))
     if isinstance(stored, int | float) and stored > lock.token:
         raise StaleTokenError(lock.key, lock.owner, lock.token, int(stored))
+
+
+_FENCE_TYPES = ["missing", "null", "int", "long", "double", "decimal"]
+"""The $type names of a fence a fenced write can judge: missing/null, or a number."""
 
 
 def _int(value: Any) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -147,6 +148,21 @@ def test_a_lost_lock_nobody_took_since_still_writes(
         ((None, {"_id": 1}, {"$unset": {"fence_key": ""}}), {}, ValueError, "'fence_key'"),
         ((None, {"_id": 1}, {"$set": {"fence.x": 1}}), {}, ValueError, "'fence.x'"),
         ((None, {"name": "d"}, {"$set": {"b": 1}}), {"upsert": True}, ValueError, "_id"),
+        ((None, {"_id": {"$in": ["d"]}}, {"$set": {"b": 1}}), {"upsert": True}, ValueError, "_id"),
+        ((None, {"_id": {"$gte": "d"}}, {"$set": {"b": 1}}), {"upsert": True}, ValueError, "_id"),
+        (
+            (None, {"_id": {"$eq": {"$in": [1]}}}, {"$set": {"b": 1}}),
+            {"upsert": True},
+            ValueError,
+            "_id",
+        ),
+        (
+            (None, {"_id": {"$eq": 1, "$ne": 2}}, {"$set": {"b": 1}}),
+            {"upsert": True},
+            ValueError,
+            "_id",
+        ),
+        ((None, {"_id": re.compile("d")}, {"$set": {"b": 1}}), {"upsert": True}, ValueError, "_id"),
         ((None, {"_id": 1}, {"$set": {"b": 1}}), {"upsert": 1}, TypeError, "upsert"),
         ((None, {"_id": 1}, {"$set": {"b": 1}}), {"field": "$f"}, ValueError, "field"),
         ((None, {"_id": 1}, {"$set": {"b": 1}}), {"field": 3}, TypeError, "field"),
@@ -169,3 +185,42 @@ def test_bad_arguments_are_refused_and_nothing_is_written(
     with pytest.raises(TypeError, match="Lock"):
         call(reports, {"_id": 1}, {"$set": {"b": 1}}, "report")
     assert reports.count_documents({}) == 0
+
+
+@pytest.mark.parametrize("match", [{"$in": ["daily", "other"]}, {"$gte": "daily"}])
+def test_an_upsert_by_a_non_equality_id_is_refused_before_any_write(
+    reports: Collection[dict[str, Any]], manager: LockManager, match: dict[str, Any]
+) -> None:
+    """A refused match must not fall through to an insert of a new document."""
+    older, newer = older_and_newer(manager)
+    fenced_update_one(reports, {"_id": "daily"}, {"$set": {"body": "newer"}}, newer, upsert=True)
+    with pytest.raises(ValueError, match="equality"):
+        fenced_update_one(reports, {"_id": match}, {"$set": {"body": "older"}}, older, upsert=True)
+    assert list(reports.find()) == [
+        {"_id": "daily", "body": "newer", "fence": newer.token, "fence_key": "report"}
+    ]
+
+
+def test_an_upsert_by_an_eq_id_inserts_once_and_is_fenced(
+    reports: Collection[dict[str, Any]], manager: LockManager
+) -> None:
+    older, newer = older_and_newer(manager)
+    by_eq = {"_id": {"$eq": "daily"}}
+    result = fenced_update_one(reports, by_eq, {"$set": {"body": "newer"}}, newer, upsert=True)
+    assert result.upserted_id == "daily"
+    with pytest.raises(StaleTokenError):
+        fenced_update_one(reports, by_eq, {"$set": {"body": "older"}}, older, upsert=True)
+    assert reports.count_documents({}) == 1
+
+
+@pytest.mark.parametrize("odd", [[0, 10**18], [None], "1", {"t": 1}])
+@pytest.mark.parametrize("upsert", [False, True])
+def test_a_fence_that_is_not_a_number_is_never_written(
+    reports: Collection[dict[str, Any]], manager: LockManager, odd: Any, upsert: bool
+) -> None:
+    """An array passed ``$lte`` (and ``null``) on one element: only a number is compared."""
+    reports.insert_one({"_id": "daily", "body": "old", "fence": odd})
+    lk = manager.acquire("report", ttl=30)
+    with pytest.raises(ValueError, match="not a number"):
+        fenced_update_one(reports, {"_id": "daily"}, {"$set": {"body": "x"}}, lk, upsert=upsert)
+    assert list(reports.find()) == [{"_id": "daily", "body": "old", "fence": odd}]
