@@ -569,7 +569,12 @@ _IN_FLIGHT: Final = 1.0
 
 class _Interrupted(BaseException):
     """Raised in the main thread when the call's lock is lost: not an Exception, so that
-    the usual ``except Exception`` in the work does not swallow it."""
+    the usual ``except Exception`` in the work does not swallow it. Carries the watch
+    that raised it, so that a nested call passes on an interrupt meant for an outer one."""
+
+    def __init__(self, stop: _StopOnLoss) -> None:
+        super().__init__(stop.lock.key)
+        self.stop = stop
 
 
 class _StopOnLoss:
@@ -622,7 +627,7 @@ class _StopOnLoss:
         if self._sent and not self._delivered:
             self._delivered = True
             if not self.closing:
-                raise _Interrupted
+                raise _Interrupted(self)
             return None
         previous = self._previous
         if callable(previous):
@@ -663,11 +668,13 @@ def _run_stopping(
             with holding(lock):
                 try:
                     stop.start()
-                    result = target(*args, **kwargs)
+                    if not stop.lost:  # a loss before the watch began: the work never starts
+                        result = target(*args, **kwargs)
                 finally:
                     stop.closing = True
-        except _Interrupted:
-            pass
+        except _Interrupted as interrupt:
+            if interrupt.stop is not stop:
+                raise  # an outer call's lock was lost: it is that call's to stop
         except LockLost as error:
             if (error.key, error.token) != (lock.key, lock.token):
                 raise
