@@ -982,7 +982,12 @@ class LockStore:
         with self._translate, pymongo.timeout(self.timeout), client.start_session() as session:
             for attempt in range(_TRANSACTION_ATTEMPTS):
                 try:
-                    with session.start_transaction():
+                    # Majority whatever the client's own concerns: the release and its
+                    # record must survive a failover even when the client writes w=1.
+                    with session.start_transaction(
+                        read_concern=ReadConcern("majority"),
+                        write_concern=WriteConcern("majority"),
+                    ):
                         doc = delete_and_record(session)
                     break
                 except PyMongoError as exc:
