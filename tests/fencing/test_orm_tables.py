@@ -60,9 +60,11 @@ def test_a_child_fenced_on_its_own_table_writes_only_that_table(
     assert len(queries) == 1
     with pytest.raises(ValueError, match=r"fencingapp\.Note"):
         fenced_update(by_pk, newer, title="changed")
-    memo.title = "changed"
+    memo.title, memo.body = "changed", "saved"
     with pytest.raises(ValueError, match=r"fencingapp\.Memo"):
         fenced_save(memo, newer)
+    fenced_save(memo, newer, update_fields=["body"])
+    assert Memo.objects.using(db_alias).values_list("title", "body").get() == ("t", "saved")
     # Filtered by the parent's column: a join, fenced on the child's row all the same.
     by_title = Memo.objects.using(db_alias).filter(title="t")
     with pytest.raises(StaleTokenError):
