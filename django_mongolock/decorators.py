@@ -669,6 +669,7 @@ def _run_stopping(
                 try:
                     stop.start()
                     if not stop.lost:  # a loss before the watch began: the work never starts
+                        lock.check()  # and a lease that lapsed unnoticed (no I/O)
                         result = target(*args, **kwargs)
                 finally:
                     stop.closing = True
