@@ -210,7 +210,8 @@ def test_pattern_looking_keys_are_released_alone(
     held: dict[str, LockInfo], locks: LockManager
 ) -> None:
     for key in (".*", "$ne", "a.b"):
-        _, err, code = run_command("mongolock", "release", key, "--token", str(held[key].token))
+        token = str(held[key].token)
+        _, err, code = run_command("mongolock", "release", key, "--token", token, "--force")
         assert (code, err) == (0, "")
         remaining = {name: info for name, info in held.items() if locks.status(name) is not None}
         assert key not in remaining
