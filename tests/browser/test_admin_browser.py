@@ -155,6 +155,8 @@ def test_list_filter_open_and_force_release(
     assert "Are you sure you want to force-release the lock “reports/daily”?" in page.inner_text(
         "#content-main"
     )
+    # A live lease whose holder has sent no heartbeat yet may be running: tick its box.
+    page.locator("input[name=confirm_alive]").check()
     page.get_by_role("button", name="Yes, I\u2019m sure").click()
     page.wait_for_url(re.compile(r"/admin/django_mongolock/lock/$"))
     assert "was force-released" in page.locator(".messagelist .success").inner_text()
