@@ -840,7 +840,7 @@ def test_release_of_a_live_holder_needs_a_ticked_box(
     confirm_url = f"{release_url(info.key)}?token={info.token}"
     confirm = admin_client.get(confirm_url)
     page = confirm.content.decode()
-    assert "The holder\u2019s process of one of these locks is alive" in page
+    assert "The holder\u2019s process of one of these locks may be alive" in page
     assert f'name="confirm_alive" value="{info.token}:{info.key}" required' in page
     assert 'name="reason"' in page
     # Without the box: nothing released, the page asks again.
