@@ -123,7 +123,7 @@ def test_a_join_filtered_stale_write_waiting_on_a_newer_one_is_refused(
                 rows = Entry.objects.using(db_alias).filter(pk=entry.pk)
                 outcome["newer"] = fenced_update(rows, newer, body="B")
                 newer_wrote.set()
-                assert commit.wait(WAIT)
+                assert commit.wait(2 * WAIT)
         finally:
             newer_wrote.set()
             connections[db_alias].close()
@@ -156,8 +156,10 @@ def test_a_join_filtered_stale_write_waiting_on_a_newer_one_is_refused(
         if connections[db_alias].vendor != "sqlite":
             deadline = time.monotonic() + WAIT
             while not _blocked(db_alias):
-                assert time.monotonic() < deadline, "the stale write never waited on the row"
-                time.sleep(0.05)
+                assert time.monotonic() < deadline, f"the stale write never waited: {outcome}"
+                # InnoDB refreshes its innodb_trx snapshot only when it was left unread for
+                # 0.1 s: a faster poll would read the same stale snapshot for ever.
+                time.sleep(0.25)
     finally:
         commit.set()
         b.join(WAIT)
