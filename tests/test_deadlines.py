@@ -191,7 +191,7 @@ def test_callbacks_that_raise_exit_or_block_stop_no_other_notice(
         locks = [blocks] + [
             manager.acquire(key, ttl=0.6, on_lost=on_lost) for key in ("cb-raises", "cb-exits")
         ]
-        kept = manager.acquire("cb-kept", ttl=0.6)
+        kept = manager.acquire("cb-kept", ttl=1.0)
         # The first notice blocks forever in its callback; the others must still come.
         other.force_release("cb-blocks")
         assert blocks.lost.wait(5)
@@ -205,7 +205,7 @@ def test_callbacks_that_raise_exit_or_block_stop_no_other_notice(
         assert sorted(called) == ["cb-blocks", "cb-exits", "cb-raises"]
         assert sorted(signalled) == ["cb-blocks", "cb-exits", "cb-raises"]
         # The refresher lives on: a fourth lock outlives three of its leases.
-        until = clock.now() + 2.0
+        until = clock.now() + 3.5
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
@@ -223,11 +223,11 @@ def test_an_exit_inside_a_campaign_does_not_end_the_refresher(manager: LockManag
         if lock.key == "exit-election":
             sys.exit(4)
 
-    kept = manager.acquire("exit-kept", ttl=0.6)
+    kept = manager.acquire("exit-kept", ttl=1.0)
     lock_acquired.connect(exit_on_election, weak=False)
     election = manager.elect("exit-election", ttl=0.6)
     try:
-        until = clock.now() + 2.0
+        until = clock.now() + 3.5
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
@@ -415,11 +415,11 @@ def test_a_blocking_lock_acquired_receiver_does_not_stall_the_refresher(
         if lock.key == "slow-election":
             release_blocker.wait(30)
 
-    kept = manager.acquire("slow-kept", ttl=0.6)
+    kept = manager.acquire("slow-kept", ttl=1.0)
     lock_acquired.connect(blocks_for_the_election, weak=False)
     election = manager.elect("slow-election", ttl=0.6)
     try:
-        until = clock.now() + 2.0  # more than three leases of the kept lock
+        until = clock.now() + 3.5  # more than three leases of the kept lock
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
