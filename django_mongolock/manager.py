@@ -431,6 +431,17 @@ class LockManager:
                     if not isinstance(exc, MongoLockError):
                         self._abandon(request)
                     raise
+        if _late(sent_at, mine):
+            # The answer came so late (server selection during an outage) that the lease,
+            # bounded from when the request was sent, has nearly ended by the holder's
+            # clock: bound it again from a refresh sent on the connection now ready.
+            sent_at = clock.now()
+            confirmed = store.refresh(
+                request.key, request.owner, mine.token, request.ttl, shared=request.shared
+            )
+            if confirmed is None:
+                raise _busy(mine)
+            mine = confirmed
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
@@ -588,6 +599,14 @@ class LockManager:
                     if not isinstance(exc, MongoLockError | GeneratorExit):
                         await _leave_line(store, request)
                     raise
+        if _late(sent_at, mine):  # see _acquire
+            sent_at = clock.now()
+            confirmed = await store.refresh(
+                request.key, request.owner, mine.token, request.ttl, shared=request.shared
+            )
+            if confirmed is None:
+                raise _busy(mine)
+            mine = confirmed
         lock = Lock(self, mine, sent_at, on_lost=on_lost, refresh=keep)
         if keep:
             get_refresher().register(lock)
@@ -1046,6 +1065,12 @@ _ABANDONED: set[asyncio.Future[Any]] = set()
 def _failure(responses: builtins.list[tuple[Any, Any]]) -> BaseException | None:
     """The first error of ``send_robust`` responses (Django logs each of them)."""
     return next((r for _, r in responses if isinstance(r, BaseException)), None)
+
+
+def _late(sent_at: float, mine: LockInfo) -> bool:
+    """Whether less than half the lease is left by the holder's bound (sent + lease - margin)."""
+    left = sent_at + mine.remaining - clock.margin(mine.ttl) - clock.now()
+    return left < mine.ttl / 2
 
 
 def _give_back_quietly(lock: Lock) -> None:

@@ -453,6 +453,35 @@ def _without_frames(exc: BaseException) -> None:
         error.__traceback__ = None
 
 
+def _transaction_retryable(exc: PyMongoError) -> bool:
+    return (
+        exc.has_error_label("TransientTransactionError")
+        or exc.has_error_label("RetryableWriteError")
+        or isinstance(exc, ConnectionFailure)
+    )
+
+
+def _commit(session: ClientSession, last: bool) -> bool:
+    """Commit; True once committed, False when the whole transaction must run again.
+
+    A commit whose outcome is unknown is sent again (the server applies it once); one
+    the server aborted (a transient error) means running the transaction again.
+    """
+    while True:
+        try:
+            session.commit_transaction()
+            return True
+        except PyMongoError as exc:
+            if exc.has_error_label("UnknownTransactionCommitResult"):
+                if last:
+                    raise
+                last = True  # one more commit attempt
+                continue
+            if exc.has_error_label("TransientTransactionError") and not last:
+                return False
+            raise
+
+
 def _retryable(exc: PyMongoError) -> bool:
     """Whether a failed acquisition may be sent again: the errors the driver retries writes on.
 
@@ -981,19 +1010,25 @@ class LockStore:
         # the holder's refresh is retried a few times, all within one time budget.
         with self._translate, pymongo.timeout(self.timeout), client.start_session() as session:
             for attempt in range(_TRANSACTION_ATTEMPTS):
+                last = attempt + 1 == _TRANSACTION_ATTEMPTS
+                # Majority whatever the client's own concerns: the release and its record
+                # must survive a failover even when the client writes w=1.
+                session.start_transaction(
+                    read_concern=ReadConcern("majority"),
+                    write_concern=WriteConcern("majority"),
+                )
                 try:
-                    # Majority whatever the client's own concerns: the release and its
-                    # record must survive a failover even when the client writes w=1.
-                    with session.start_transaction(
-                        read_concern=ReadConcern("majority"),
-                        write_concern=WriteConcern("majority"),
-                    ):
-                        doc = delete_and_record(session)
-                    break
+                    doc = delete_and_record(session)
                 except PyMongoError as exc:
-                    transient = exc.has_error_label("TransientTransactionError")
-                    if not transient or attempt + 1 == _TRANSACTION_ATTEMPTS:
+                    # Nothing is applied until the commit: the whole transaction can be
+                    # sent again after a conflict, a lost reply or a dropped connection.
+                    with contextlib.suppress(PyMongoError):
+                        session.abort_transaction()
+                    if last or not _transaction_retryable(exc):
                         raise
+                    continue
+                if _commit(session, last):
+                    break
         return None if doc is None else LockInfo.from_document(doc)
 
     def history(self, key: str, limit: int | None = 100) -> list[AuditEntry]:

@@ -44,11 +44,11 @@ def hang(testable: MongoReplicaSet) -> Iterator[Any]:
     """``hang(app, ms=5000)``: the server holds every write of clients named ``app``."""
     admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
 
-    def arm(app: str, ms: int = 5000) -> None:
+    def arm(app: str, ms: int = 5000, times: int | None = None) -> None:
         admin.admin.command(
             "configureFailPoint",
             "failCommand",
-            mode="alwaysOn",
+            mode="alwaysOn" if times is None else {"times": times},
             data={
                 "failCommands": ["update", "findAndModify"],
                 "blockConnection": True,
@@ -474,3 +474,22 @@ def test_stop_waits_for_a_campaign_under_way(
     finally:
         observer.client.drop_database("stopwait")
         _close(campaigner, observer)
+
+
+def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
+    testable: MongoReplicaSet, hang: Any
+) -> None:
+    """The server holds the acquire for 2 s of a 3 s lease: bounded from its request, the
+    lease would end 0.75 s after the answer; a refresh sent at once bounds it anew."""
+    late = _manager(testable, "late", "late-acquirer")
+    try:
+        hang("late-acquirer", ms=2000, times=1)
+        lock = late.acquire("late", ttl=3.0)
+        until = clock.now() + 3.5  # past the bound from the first request
+        while clock.now() < until:
+            assert lock.valid
+            time.sleep(0.05)
+        assert lock.release()
+    finally:
+        late.client.drop_database("late")
+        _close(late)
