@@ -638,7 +638,10 @@ class LockManager:
             needed = _releases_needed(info, request.shared)
             while (left := wake_at - clock.now()) > 0:
                 try:
-                    await asyncio.wait_for(wake.wait(), left)
+                    # Not wait_for: on Python 3.11 it loses a cancellation that comes
+                    # with the wake-up, and the task would wait in line for good.
+                    async with asyncio.timeout(left):
+                        await wake.wait()
                 except TimeoutError:
                     break
                 if wake.count - seen >= needed:

@@ -143,6 +143,8 @@ def stop(processes: list[Process], timeout: float = STOP_WITHIN) -> None:
             process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             print(f"demo: pid {process.pid} did not stop; killing it", file=sys.stderr)
+            signal_group(process, signal.SIGUSR1)  # a worker prints where it is stuck
+            time.sleep(0.5)
             signal_group(process, signal.SIGKILL)
             process.wait()
 

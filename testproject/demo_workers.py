@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import http.cookiejar
 import os
 import random
@@ -300,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the demo asks a stuck worker
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     if args.role == "operator":
         operator(args)

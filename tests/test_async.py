@@ -164,3 +164,27 @@ def test_aclose_closes_this_loops_client(manager: LockManager) -> None:
         await again.arelease()
 
     asyncio.run(main())
+
+
+def test_a_waiter_cancelled_as_it_is_woken_ends_and_takes_nothing(
+    manager: LockManager, other: LockManager
+) -> None:
+    """A cancellation that arrives with the wake-up is not lost (a swallowed one would leave
+    the task waiting in line for good, and holding the lock once its turn came)."""
+    holder = manager.acquire("woken", ttl=30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(other.aacquire("woken"))  # waits without a timeout
+        async with asyncio.timeout(10):
+            while (info := manager.status("woken")) is None or info.waiting < 1:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # asleep on its wake-up, past its first attempt
+        other.waiters.notify("woken")  # what the watcher does on a release
+        await asyncio.sleep(0)  # the wake-up is delivered: the waiter's sleep is over...
+        task.cancel()  # ...just as it is cancelled
+        await asyncio.wait([task], timeout=10)
+        assert task.cancelled()
+
+    asyncio.run(main())
+    assert holder.release() is True
+    assert manager.status("woken") is None
