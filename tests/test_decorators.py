@@ -197,6 +197,33 @@ def test_manager_argument(manager: LockManager, other: LockManager) -> None:
         second.close()
 
 
+def test_manager_argument_takes_the_default_locks(other: LockManager, settings: Settings) -> None:
+    """``manager=locks``: the lazy default manager is a manager, looked up at each call."""
+
+    @locked("job-{n}", manager=locks)
+    def work(n: int) -> tuple[str, int]:
+        lock = current_lock()
+        assert lock is not None
+        info = conf.get_manager().status(lock.key)
+        assert info is not None
+        assert info.token == lock.token
+        return lock.key, lock.token
+
+    key, token = work(1)
+    assert key == "job-1"
+    assert conf.get_manager().status("job-1") is None  # released after the call
+    held = other.acquire("job-2", ttl=30)
+    try:
+        with pytest.raises(LockNotAcquired):
+            work(2)
+    finally:
+        held.release()
+    assert work(2) != (key, token)
+    settings.MONGOLOCK = {"URL": "mongodb://127.0.0.1:9/", "SERVER_SELECTION_TIMEOUT": 0.3}
+    with pytest.raises(ServerUnavailable, match=r"127\.0\.0\.1:9"):
+        work(3)  # the settings of now, not of when it was decorated
+
+
 def test_nested_locks_current_is_the_innermost() -> None:
     @locked("inner")
     def inner() -> tuple[str | None, str | None]:
