@@ -8,7 +8,6 @@ import os
 import sys
 from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Iterable, Iterator
-from datetime import datetime
 from typing import Any, Final
 
 from django.core.management.base import (
@@ -19,22 +18,23 @@ from django.core.management.base import (
 )
 
 from django_mongolock import conf
-from django_mongolock.decorators import BUSY_EXIT_CODE
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.exitcodes import (
+    BUSY_EXIT_CODE,
+    EXIT_ERROR,
+    EXIT_HOLDER_ALIVE,
+    EXIT_NO_LOCK,
+    EXIT_OK,
+)
 from django_mongolock.manager import LockManager
 from django_mongolock.store import AuditEntry, LockInfo, Order, State
-from django_mongolock.terminal import printable
+from django_mongolock.terminal import age, liveness, printable, relative, timestamp, who
 from django_mongolock.validation import validate_key
 
 RELEASE: Final = "release"
 LIST: Final = "list"
 STATUS: Final = "status"
 HISTORY: Final = "history"
-
-EXIT_OK: Final = 0
-EXIT_NO_LOCK: Final = 1
-EXIT_ERROR: Final = 2
-EXIT_HOLDER_ALIVE: Final = 3
 
 # Column widths come from the first rows only, so that a listing of any length streams;
 # a longer value later overflows its column instead of being cut (keys must stay whole
@@ -276,13 +276,13 @@ class Command(BaseCommand):
             return
         if info.live:
             head = self.style.SUCCESS(f"Released {key!r}")
-            lease = f"its lease would have ended {_relative(info.remaining)}"
+            lease = f"its lease would have ended {relative(info.remaining)}"
         else:
             head = self.style.SUCCESS(f"Removed the expired lock {key!r}")
-            lease = f"its lease ended {_relative(info.remaining)}"
+            lease = f"its lease ended {relative(info.remaining)}"
         self.stdout.write(
-            f"{head}: held by {_who(info)} (token {info.token}), acquired "
-            f"{_relative(-_age(info))}; {lease}."
+            f"{head}: held by {who(info)} (token {info.token}), acquired "
+            f"{relative(-age(info))}; {lease}."
         )
         if verbosity >= 2:
             why = f": {printable(reason)}" if reason else " (no reason given)"
@@ -301,12 +301,12 @@ class Command(BaseCommand):
             return current.token
         if current.holder_alive:
             silent = current.holder_silent_for or 0.0
-            state = f"whose process is alive (last heartbeat {_relative(-silent)})"
+            state = f"whose process is alive (last heartbeat {relative(-silent)})"
         else:
             state = "whose process is not known to be dead (no heartbeat from it yet)"
         raise CommandError(
-            f"lock {key!r} is held by {_who(current)} (token {current.token}), {state}, and "
-            f"its lease ends {_relative(current.remaining)}; nothing released. Stop the "
+            f"lock {key!r} is held by {who(current)} (token {current.token}), {state}, and "
+            f"its lease ends {relative(current.remaining)}; nothing released. Stop the "
             "holder, wait for the lease to end, or pass --force to break its lock anyway.",
             returncode=EXIT_HOLDER_ALIVE,
         )
@@ -332,7 +332,7 @@ class Command(BaseCommand):
     def _history_table(self, entries: Iterable[AuditEntry]) -> None:
         rows = [
             (
-                _timestamp(entry.at),
+                timestamp(entry.at),
                 printable(entry.by),
                 printable(entry.owner) + (" (expired)" if entry.expired else ""),
                 str(entry.token),
@@ -371,18 +371,18 @@ class Command(BaseCommand):
             ("state", self._state(info, width=0)),
             ("owner", printable(info.owner)),
             ("token", str(info.token)),
-            ("acquired", f"{_timestamp(info.acquired_at)} ({_relative(-_age(info))})"),
-            ("refreshed", f"{_timestamp(info.refreshed_at)} ({_relative(refreshed)})"),
+            ("acquired", f"{timestamp(info.acquired_at)} ({relative(-age(info))})"),
+            ("refreshed", f"{timestamp(info.refreshed_at)} ({relative(refreshed)})"),
             (
                 "expires" if info.live else "expired",
-                f"{_timestamp(info.expires_at)} ({_relative(info.remaining)})",
+                f"{timestamp(info.expires_at)} ({relative(info.remaining)})",
             ),
             ("ttl", f"{info.ttl:g}s"),
             ("process", _process(info)),
-            ("server time", _timestamp(info.now)),
+            ("server time", timestamp(info.now)),
         ]
         if not info.owner:
-            rows[2] = ("holders", _who(info))
+            rows[2] = ("holders", who(info))
         if info.group:
             rows.append(("group", printable(info.group)))
         if info.kind == "election":
@@ -395,7 +395,7 @@ class Command(BaseCommand):
             live = "live" if holder.expires_at > info.now else "expired"
             self.stdout.write(
                 f"  {printable(holder.owner)}  token {holder.token}  {live}, lease ends "
-                f"{_relative((holder.expires_at - info.now).total_seconds())}"
+                f"{relative((holder.expires_at - info.now).total_seconds())}"
             )
 
     def _list(
@@ -428,7 +428,7 @@ class Command(BaseCommand):
             self.stdout.write(f"No {'' if state == 'all' else state + ' '}locks.")
             return
         key_width = min(_MAX_KEY_WIDTH, max(3, *(len(printable(info.key)) for info in sample)))
-        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(_who(info)) for info in sample)))
+        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(who(info)) for info in sample)))
         token_width = max(5, *(len(str(info.token)) for info in sample))
         header = (
             f"{'KEY':<{key_width}}  {'STATE':<7}  {'OWNER':<{owner_width}}  "
@@ -439,9 +439,9 @@ class Command(BaseCommand):
         for info in itertools.chain(sample, rows):
             self.stdout.write(
                 f"{printable(info.key):<{key_width}}  {self._state(info, 7)}  "
-                f"{_who(info):<{owner_width}}  "
-                f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
-                f"{_relative(info.remaining):<9}  {_process(info, brief=True)}"
+                f"{who(info):<{owner_width}}  "
+                f"{info.token:>{token_width}}  {relative(-age(info)):<9}  "
+                f"{relative(info.remaining):<9}  {_process(info, brief=True)}"
             )
             count += 1
         self.stdout.write(f"{count} {'' if state == 'all' else state + ' '}lock{_s(count)}")
@@ -476,39 +476,16 @@ def _with_liveness(manager: LockManager, rows: Iterator[LockInfo]) -> Iterator[L
 
 def _process(info: LockInfo, *, brief: bool = False) -> str:
     """Whether the holder's process is alive, by its heartbeats (server time)."""
-    silent = info.holder_silent_for
-    if info.holder_alive is None or silent is None:
+    state, silent = liveness(info)
+    if state == "unknown":
         return "-" if brief else "unknown (no heartbeat on record)"
-    if info.holder_alive:
-        return "alive" if brief else f"alive (last heartbeat {_relative(-silent)})"
+    if state == "alive":
+        return "alive" if brief else f"alive (last heartbeat {relative(-silent)})"
     return (
-        f"silent {_relative(silent).removeprefix('in ')}"
+        f"silent {relative(silent).removeprefix('in ')}"
         if brief
-        else (f"not alive (silent for {_relative(silent).removeprefix('in ')})")
+        else (f"not alive (silent for {relative(silent).removeprefix('in ')})")
     )
-
-
-def _age(info: LockInfo) -> float:
-    """Seconds since the lock was acquired, by the server's clock."""
-    return (info.now - info.acquired_at).total_seconds()
-
-
-def _relative(seconds: float) -> str:
-    """``in 12s`` ahead, ``3m ago`` behind: the largest whole unit, as people read a clock."""
-    size = abs(seconds)
-    if size < 1:
-        return "now"
-    unit, length = next(
-        (unit, length)
-        for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-        if size >= length
-    )
-    text = f"{int(size // length)}{unit}"
-    return f"in {text}" if seconds > 0 else f"{text} ago"
-
-
-def _timestamp(moment: datetime) -> str:
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _s(count: int) -> str:
@@ -531,13 +508,3 @@ def _json(info: LockInfo) -> str:
     other non-ASCII character are ``\\uXXXX`` escapes, which every JSON parser decodes back to
     the key as stored, and no terminal acts on."""
     return json.dumps(info.as_dict(), ensure_ascii=True)
-
-
-def _who(info: LockInfo) -> str:
-    """The holder for people: the owner, or the shared holders; with the lock's role.
-
-    Escaped for the terminal, as keys are (see ``printable``).
-    """
-    label = info.owner or info.holder_label
-    role = "leader" if info.kind == "election" else f"group {info.group}" if info.group else ""
-    return printable(f"{label} ({role})" if role else label)
