@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from functools import update_wrapper
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -39,9 +38,9 @@ from django_mongolock.dashboard import (
     lock_row,
     lock_url,
 )
-from django_mongolock.display import Moment, absolute, audit_rows, duration, holder_rows, short
+from django_mongolock.display import audit_rows, detail_context, duration, short
 from django_mongolock.exceptions import MongoLockError
-from django_mongolock.health import HealthCheck, problem_of
+from django_mongolock.health import HealthCheck, unavailable_context
 from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
 from django_mongolock.releasing import (
@@ -284,17 +283,12 @@ class LockAdmin(_ModelAdmin):
             .select_related("user")
             .order_by("-action_time")[:10]
         )
-        purge_at = info.expires_at + timedelta(seconds=self.get_manager().retention)
         context = self._context(
             request,
             title=_("Lock “%(key)s”") % {"key": short(key)},
             row=row,
-            info=info,
-            server_time=absolute(info.now),
-            purge=Moment.of(purge_at, info.now),
+            **detail_context(info, audit, retention=manager.retention),
             history=history,
-            audit=audit_rows(audit, info.now),
-            holders=holder_rows(info),
             changelist_url=changelist_url,
             **(extra_context or {}),
         )
@@ -431,11 +425,7 @@ class LockAdmin(_ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "app_label": self.opts.app_label,
-            "title": _("MongoDB locks are unavailable"),
-            "problem": problem_of(error),
-            "error": error,
-            "missing": missing,
-            "collection": f"{manager.database}.{manager.collection}" if manager else None,
+            **unavailable_context(manager, error, missing),
         }
         return self._render(request, self.unavailable_template, context, status=503)
 

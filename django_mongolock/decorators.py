@@ -69,7 +69,7 @@ def locked(
     validate_timeout(timeout, blocking=blocking)
     if on_busy is not None and on_busy not in ("raise", "skip") and not callable(on_busy):
         raise ValueError(f"on_busy must be None, 'raise', 'skip' or a callable, not {on_busy!r}")
-    if manager is not None and not isinstance(manager, LockManager):
+    if manager is not None and not _is_manager(manager):
         raise TypeError(f"manager must be a LockManager, not {type(manager).__name__}")
     if on_lost is not None and on_lost != "exit" and not callable(on_lost):
         raise ValueError(f"on_lost must be None, 'exit' or a callable, not {on_lost!r:.80}")
@@ -104,6 +104,16 @@ def locked(
         return cast(_F, _wrap(target, Call(template, **options)))
 
     return decorate
+
+
+def _is_manager(value: object) -> bool:
+    """A LockManager, judged by its type: ``isinstance`` on a lazy proxy (a Django
+    ``LazyObject``) would build the manager it wraps, reading settings at decoration time.
+    What a proxy wraps is checked at the call."""
+    if issubclass(type(value), LockManager):
+        return True
+    lazy = loaded_class("django.utils.functional", "LazyObject")
+    return lazy is not None and issubclass(type(value), lazy)
 
 
 def _wrap(target: Callable[..., Any], call: Call, *, force_async: bool = False) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote as url_quote
 
@@ -26,6 +26,7 @@ __all__ = [
     "Moment",
     "absolute",
     "audit_rows",
+    "detail_context",
     "duration",
     "holder_rows",
     "key_segment",
@@ -179,3 +180,18 @@ def holder_rows(info: LockInfo) -> list[dict[str, Any]]:
         }
         for holder in info.holders
     ]
+
+
+def detail_context(
+    info: LockInfo, audit: Sequence[AuditEntry], *, retention: float
+) -> dict[str, Any]:
+    """A lock's page, by the server's ``now``: its times, holders and force releases, and
+    when the TTL index purges it (``retention`` seconds after it expires)."""
+    purge_at = info.expires_at + timedelta(seconds=retention)
+    return {
+        "info": info,
+        "server_time": absolute(info.now),
+        "purge": Moment.of(purge_at, info.now),
+        "audit": audit_rows(audit, info.now),
+        "holders": holder_rows(info),
+    }

@@ -10,8 +10,11 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from django.utils.translation import gettext as _
 
 from django_mongolock.exceptions import (
     ConfigurationError,
@@ -22,7 +25,7 @@ from django_mongolock.exceptions import (
 from django_mongolock.manager import LockManager
 from django_mongolock.store import IndexAction
 
-__all__ = ["Health", "HealthCheck", "Problem", "problem_of"]
+__all__ = ["Health", "HealthCheck", "Problem", "problem_of", "unavailable_context"]
 
 Problem = Literal["unreachable", "standalone", "configuration", "error", "indexes"]
 
@@ -97,3 +100,16 @@ def problem_of(error: MongoLockError | None) -> Problem:
     if isinstance(error, ConfigurationError):
         return "configuration"
     return "error" if error is not None else "indexes"
+
+
+def unavailable_context(
+    manager: LockManager | None, error: MongoLockError | None, missing: Sequence[IndexAction]
+) -> dict[str, Any]:
+    """What the 503 page says: the problem, the error, the missing indexes, the collection."""
+    return {
+        "title": _("MongoDB locks are unavailable"),
+        "problem": problem_of(error),
+        "error": error,
+        "missing": missing,
+        "collection": f"{manager.database}.{manager.collection}" if manager else None,
+    }

@@ -70,6 +70,8 @@ class Call:
 
     def _manager(self) -> LockManager:
         if self.manager is not None:
+            if not isinstance(self.manager, LockManager):  # a lazy proxy, set up by now
+                raise TypeError(f"manager must be a LockManager, not {self.manager!r:.80}")
             return self.manager
         from django_mongolock.conf import get_manager
 
