@@ -1,12 +1,10 @@
 """The admin dashboard of live and expired locks, read straight from the MongoDB collection.
 
 The ``Lock`` model has no table: it lends the admin its sidebar entry, URLs and permissions
-(``view_lock``, ``release_lock``). Every page asks the server; paging, filtering and sorting
-happen in MongoDB, so a collection of any size is never loaded whole. Force release deletes
-a lock only at the fencing token the operator saw, so a lock that changed hands in between
-is left to its new holder. A lock whose holder's process still sends heartbeats is
-released only once the operator has ticked a box saying they know; every force release
-is recorded in the audit trail with the user's name and reason, shown on the key's page.
+(``view_lock``, ``release_lock``). ``LockAdmin`` holds the views; what they show comes from
+``dashboard`` (the list's queries and rows, like Django's ``ChangeList``), ``releasing``
+(force release at the fencing token the operator saw), ``health`` (the server check and
+the 503 page) and ``display`` (times, holders and kinds, as the pages word them).
 """
 
 from __future__ import annotations
@@ -92,6 +90,10 @@ class LockAdmin(_ModelAdmin):
     health_check_interval = 30.0
     """Seconds a passed check of the server (a replica set, every index in place) is trusted
     before the list page checks again; a failed check is never trusted."""
+
+    def __init__(self, model: type[Lock], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        self.health_check = HealthCheck()
 
     def get_manager(self) -> LockManager:
         """The manager whose collection this admin shows."""
@@ -194,14 +196,6 @@ class LockAdmin(_ModelAdmin):
             preserved=preserved,
         )
 
-    @property
-    def health_check(self) -> HealthCheck:
-        """The list page's check of the server, one per admin (remembered while it passes)."""
-        check: HealthCheck | None = self.__dict__.get("_health_check")
-        if check is None or check.interval != self.health_check_interval:
-            check = self.__dict__["_health_check"] = HealthCheck(self.health_check_interval)
-        return check
-
     # -- the list -------------------------------------------------------------------------------
 
     def changelist_view(
@@ -213,7 +207,7 @@ class LockAdmin(_ModelAdmin):
         if request.method == "POST":
             return self._changelist_action(request)
         manager = self.get_manager()
-        health = self.health_check(manager)
+        health = self.health_check(manager, self.health_check_interval)
         if health.error is not None:
             return self.unavailable_view(request, error=health.error)
         if health.missing:

@@ -60,22 +60,21 @@ class HealthCheck:
     fix (``migrate_mongolock``) shows at once.
     """
 
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
+    def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._passed: tuple[weakref.ref[LockManager], float, Health] | None = None
 
-    def __call__(self, manager: LockManager) -> Health:
+    def __call__(self, manager: LockManager, interval: float) -> Health:
         with self._mutex:
             passed = self._passed
         if passed is not None:
-            ref, until, health = passed
-            if ref() is manager and time.monotonic() < until:
+            ref, checked_at, health = passed
+            if ref() is manager and time.monotonic() - checked_at < interval:
                 return health
         health = self.run(manager)
-        if health.ok and self.interval > 0:
+        if health.ok and interval > 0:
             with self._mutex:
-                self._passed = (weakref.ref(manager), time.monotonic() + self.interval, health)
+                self._passed = (weakref.ref(manager), time.monotonic(), health)
         return health
 
     @staticmethod
