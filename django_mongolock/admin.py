@@ -49,7 +49,7 @@ from django_mongolock.releasing import (
     force_release,
     parse_token,
 )
-from django_mongolock.store import AuditEntry, IndexAction, LockInfo
+from django_mongolock.store import IndexAction, LockInfo
 from django_mongolock.validation import validate_key
 
 __all__ = ["LockAdmin"]
@@ -265,11 +265,19 @@ class LockAdmin(_ModelAdmin):
         manager = self.get_manager()
         info = manager.status(key)
         audit = manager.history(key, limit=self.audit_entries)
-        if info is None:
-            if audit:  # the lock is gone, its force releases are not
-                return self._history_only(request, key, audit, changelist_url)
+        if info is None and not audit:
             messages.warning(request, _(_MISSING) % {"key": key})
             return HttpResponseRedirect(changelist_url)
+        if info is None:  # the lock is gone, its force releases are not: show those
+            context = self._context(
+                request,
+                title=_("Lock “%(key)s”") % {"key": short(key)},
+                key=key,
+                info=None,
+                audit=audit_rows(audit, None),
+                changelist_url=changelist_url,
+            )
+            return self._render(request, self.change_form_template, context)
         row = self._row(info, preserved=preserved)
         content_type = ContentType.objects.get_for_model(self.model)
         history = (
@@ -285,24 +293,6 @@ class LockAdmin(_ModelAdmin):
             history=history,
             changelist_url=changelist_url,
             **(extra_context or {}),
-        )
-        return self._render(request, self.change_form_template, context)
-
-    def _history_only(
-        self,
-        request: HttpRequest,
-        key: str,
-        audit: Sequence[AuditEntry],
-        changelist_url: str,
-    ) -> HttpResponse:
-        """The page of a key that is not held now but was force-released: its audit trail."""
-        context = self._context(
-            request,
-            title=_("Lock “%(key)s”") % {"key": short(key)},
-            key=key,
-            info=None,
-            audit=audit_rows(audit, None),
-            changelist_url=changelist_url,
         )
         return self._render(request, self.change_form_template, context)
 
