@@ -1,4 +1,7 @@
-"""System checks: the ``MONGOLOCK`` setting always; the server only with ``--database``."""
+"""System checks: the ``MONGOLOCK`` setting always; the server only with ``--database``.
+
+Their ids are named in ``problems``, all in one place.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,12 @@ from django.core import checks
 
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.problems import (
+    INDEX_DIFFERS,
+    INDEXES_MISSING,
+    SERVER_STANDALONE,
+    SERVER_UNUSABLE,
+)
 
 __all__ = ["check_server", "check_settings"]
 
@@ -55,7 +64,7 @@ def check_server(
                     f"MongoDB at {', '.join(manager.store.servers())} is a standalone server; "
                     "locks need a replica set (a single-node one is fine).",
                     hint=f"Start mongod with --replSet and run rs.initiate(). {_DOCS}guarantees/",
-                    id="mongolock.E011",
+                    id=f"mongolock.{SERVER_STANDALONE}",
                 )
             ]
         plan = manager.check_indexes()
@@ -64,7 +73,7 @@ def check_server(
             checks.Error(
                 f"Cannot use the lock collection: {exc}",
                 hint=f"Check MONGOLOCK['URL'] or MONGOLOCK_URL. {_DOCS}configuration/",
-                id="mongolock.E010",
+                id=f"mongolock.{SERVER_UNUSABLE}",
             )
         ]
     messages: list[checks.CheckMessage] = []
@@ -74,7 +83,7 @@ def check_server(
             checks.Warning(
                 f"The lock collection lacks: {', '.join(missing)}.",
                 hint="Run 'python manage.py migrate_mongolock'.",
-                id="mongolock.W001",
+                id=f"mongolock.{INDEXES_MISSING}",
             )
         )
     for item in plan:
@@ -83,7 +92,7 @@ def check_server(
                 checks.Warning(
                     f"The {item.description} is out of date ({item.detail}).",
                     hint="Run 'python manage.py migrate_mongolock' to update it in place.",
-                    id="mongolock.W002",
+                    id=f"mongolock.{INDEX_DIFFERS}",
                 )
             )
     return messages

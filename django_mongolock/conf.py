@@ -1,6 +1,7 @@
 """Settings: the ``MONGOLOCK`` dict, its defaults, and the default LockManager built from it.
 
-Nothing is read at import time. Values are read once and cached; the cache (and the
+What is wrong with them is reported under the check ids of ``problems``. Nothing is read
+at import time. Values are read once and cached; the cache (and the
 default manager with its client) is dropped when a test overrides ``MONGOLOCK``.
 """
 
@@ -10,21 +11,26 @@ import difflib
 import functools
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import unquote_plus
 
 import environ
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from pymongo import uri_parser
 
 from django_mongolock.exceptions import ConfigurationError
 from django_mongolock.manager import DEFAULT_URL, LockManager
-from django_mongolock.store import _redact
-from django_mongolock.validation import validate_ttl
+from django_mongolock.problems import (
+    CREDENTIALS_CONFLICT,
+    NOT_A_DICT,
+    PASSWORD_SHOWN,
+    UNKNOWN_KEY,
+    VALUE_CHECKS,
+    Problem,
+    url_credentials,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -143,110 +149,7 @@ def get_settings() -> MongoLockSettings:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One invalid setting: a check id suffix, the message, and a hint."""
-
-    id: str
-    msg: str
-    hint: str
-
-
-def _check_url(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return f"must be a str, not {type(value).__name__}"
-    if value.startswith("mongodb+srv://"):
-        return None  # parsing an SRV URL needs DNS; the driver reports it on first use
-    if not value.startswith("mongodb://"):
-        return "must be a MongoDB URL starting with mongodb:// or mongodb+srv://"
-    try:
-        uri_parser.parse_uri(value)
-    except Exception as exc:  # the parser raises several types for bad input
-        return f"is not a valid MongoDB URL: {_redact(str(exc))}"
-    return None
-
-
-def _check_credential(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or "\x00" in value:
-        return "must be None or a non-empty str without NUL"
-    return None
-
-
-def _check_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not value:
-        return "must be a non-empty str"
-    if any(c in value for c in '/\\. "$\x00'):
-        return 'must not contain any of / \\ . space " $ or NUL'
-    return None
-
-
-def _check_ttl(value: Any) -> str | None:
-    try:
-        validate_ttl(value, name="the value")
-    except (TypeError, ValueError) as exc:
-        return str(exc).removeprefix("the value ")
-    return None
-
-
-def _check_retention(value: Any) -> str | None:
-    if type(value) is not int or value < 0:
-        return "must be a whole number of seconds >= 0"
-    return None
-
-
-def _check_audit_retention(value: Any) -> str | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        return "must be None or a whole number of seconds >= 0"
-    return None
-
-
-def _check_refresh(value: Any) -> str | None:
-    return None if type(value) is bool else "must be True or False"
-
-
-def _check_owner(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or "\x00" in value:
-        return "must be None or a non-empty str without NUL"
-    return None
-
-
-_VALIDATORS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
-    "URL": ("E003", _check_url),
-    "DATABASE": ("E004", _check_name),
-    "COLLECTION": ("E004", _check_name),
-    "TTL": ("E005", _check_ttl),
-    "RETENTION": ("E006", _check_retention),
-    "REFRESH": ("E007", _check_refresh),
-    "OWNER": ("E008", _check_owner),
-    "SERVER_SELECTION_TIMEOUT": ("E009", _check_ttl),
-    "USERNAME": ("E012", _check_credential),
-    "PASSWORD": ("E012", _check_credential),
-    "AUDIT_RETENTION": ("E014", _check_audit_retention),
-}
-# Where a value came from, for messages: these two may come from the environment.
 _ENV_NAMES: Final[Mapping[str, str]] = {"USERNAME": ENV_USERNAME, "PASSWORD": ENV_PASSWORD}
-
-
-def url_credentials(url: str) -> tuple[bool, bool]:
-    """Whether ``url`` names a user, and whether it holds a (non-empty) password.
-
-    Read as the driver reads it: the user information ends at the last ``@`` before
-    the first ``/``. Works for ``mongodb+srv://`` URLs too, without DNS.
-    """
-    _, sep, rest = url.partition("://")
-    if not sep:
-        return False, False
-    userinfo, at, _ = rest.partition("/")[0].rpartition("@")
-    if not at:
-        return False, False
-    _, _, password = userinfo.partition(":")
-    return True, bool(unquote_plus(password))
 
 
 def settings_problems() -> list[Problem]:
@@ -254,13 +157,15 @@ def settings_problems() -> list[Problem]:
     raw = _user_settings()
     hint = "See https://django-mongolock.readthedocs.io/en/latest/configuration/"
     if not isinstance(raw, Mapping):
-        return [Problem("E001", f"MONGOLOCK must be a dict, not {type(raw).__name__}.", hint)]
+        return [Problem(NOT_A_DICT, f"MONGOLOCK must be a dict, not {type(raw).__name__}.", hint)]
     problems = []
     for name in sorted(set(raw) - set(DEFAULTS)):
         close = difflib.get_close_matches(str(name), DEFAULTS, n=1)
         maybe = f" Did you mean {close[0]!r}?" if close else ""
         problems.append(
-            Problem("E002", f"MONGOLOCK has an unknown key {name!r}.{maybe}", hint + "#settings")
+            Problem(
+                UNKNOWN_KEY, f"MONGOLOCK has an unknown key {name!r}.{maybe}", hint + "#settings"
+            )
         )
     current = get_settings()
     values = {
@@ -276,7 +181,7 @@ def settings_problems() -> list[Problem]:
         "PASSWORD": current.password,
         "AUDIT_RETENTION": current.audit_retention,
     }
-    for name, (check_id, validate) in _VALIDATORS.items():
+    for name, (check_id, validate) in VALUE_CHECKS.items():
         error = validate(values[name])
         if error is not None:
             where = current.url_source if name == "URL" else f"MONGOLOCK[{name!r}]"
@@ -306,7 +211,7 @@ def _credential_problems(current: MongoLockSettings, hint: str) -> list[Problem]
     if twice:
         return [
             Problem(
-                "E013",
+                CREDENTIALS_CONFLICT,
                 f"{current.url_source} holds {' and '.join(twice)}, and USERNAME or PASSWORD "
                 "gives them again; give the user and password once, as USERNAME and PASSWORD.",
                 hint,
@@ -315,7 +220,7 @@ def _credential_problems(current: MongoLockSettings, hint: str) -> list[Problem]
     if current.password is not None and current.username is None and not url_user:
         return [
             Problem(
-                "E013",
+                CREDENTIALS_CONFLICT,
                 "a PASSWORD is given without a USERNAME; the driver would ignore it.",
                 hint,
             )
@@ -341,7 +246,7 @@ def settings_warnings() -> list[Problem]:
     if current.url_source == _FROM_SETTINGS:
         return [
             Problem(
-                "W003",
+                PASSWORD_SHOWN,
                 "MONGOLOCK['URL'] holds a password, which Django shows unmasked: on the "
                 "DEBUG error page and in diffsettings.",
                 hint,
@@ -350,7 +255,7 @@ def settings_warnings() -> list[Problem]:
     if current.url_source == _FROM_ENV and getattr(django_settings, "DEBUG", False):
         return [
             Problem(
-                "W003",
+                PASSWORD_SHOWN,
                 f"The {ENV_URL} environment variable holds a password, which the DEBUG "
                 "error page shows unmasked among the request's META under runserver.",
                 hint,

@@ -24,8 +24,10 @@ from pytest_django.fixtures import Settings as SettingsWrapper
 
 import django_mongolock
 from django_mongolock import LockInfo, LockManager
-from django_mongolock.admin import Moment, _duration, parse_selection, split_owner
+from django_mongolock.display import Moment, split_owner
+from django_mongolock.display import duration as _duration
 from django_mongolock.models import Lock as LockModel
+from django_mongolock.releasing import parse_selection
 
 pytestmark = pytest.mark.django_db
 
@@ -727,6 +729,37 @@ def test_a_changed_retention_is_pointed_out(
     settings.MONGOLOCK = {**settings.MONGOLOCK, "RETENTION": 60}
     page = admin_client.get(LIST_URL).content.decode()
     assert "(was 600): run <code>python manage.py migrate_mongolock</code>" in page
+
+
+def test_the_server_check_is_remembered_between_pages(
+    admin_client: Client, locks: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list page asks for the server's kind and indexes once per interval, not per render."""
+    from django.contrib import admin
+
+    from django_mongolock.admin import LockAdmin
+
+    asked: list[str] = []
+    real_kind, real_indexes = LockManager.server_kind, LockManager.check_indexes
+
+    def server_kind(self: LockManager) -> Any:
+        asked.append("kind")
+        return real_kind(self)
+
+    def check_indexes(self: LockManager) -> Any:
+        asked.append("indexes")
+        return real_indexes(self)
+
+    monkeypatch.setattr(LockManager, "server_kind", server_kind)
+    monkeypatch.setattr(LockManager, "check_indexes", check_indexes)
+    admin.site._registry[LockModel].health_check.clear()  # type: ignore[attr-defined]
+    for _ in range(3):
+        assert admin_client.get(LIST_URL).status_code == 200
+    assert asked == ["kind", "indexes"]
+    monkeypatch.setattr(LockAdmin, "health_check_interval", 0.0)
+    for _ in range(2):
+        assert admin_client.get(LIST_URL).status_code == 200
+    assert asked == ["kind", "indexes"] * 3
 
 
 def test_a_standalone_server_gets_a_page(

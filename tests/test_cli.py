@@ -19,7 +19,8 @@ import pytest
 from pytest_django.fixtures import Settings
 
 from django_mongolock import LockLost, LockManager, clock, locks
-from django_mongolock.management.commands.mongolock import Command, _relative
+from django_mongolock.management.commands.mongolock import Command
+from django_mongolock.terminal import relative as _relative
 from tests.utils import run_command
 
 pytestmark = pytest.mark.usefixtures("mongolock_settings")

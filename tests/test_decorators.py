@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, RequestFactory
 from django.utils.decorators import method_decorator
+from django.utils.functional import SimpleLazyObject
 from django.views import View
 from pytest_django.fixtures import Settings
 
@@ -195,6 +196,61 @@ def test_manager_argument(manager: LockManager, other: LockManager) -> None:
             assert work() == "job"
     finally:
         second.close()
+
+
+def test_manager_argument_takes_the_default_locks(other: LockManager, settings: Settings) -> None:
+    """``manager=locks``: the lazy default manager is a manager, looked up at each call."""
+
+    @locked("job-{n}", manager=locks)
+    def work(n: int) -> tuple[str, int]:
+        lock = current_lock()
+        assert lock is not None
+        info = conf.get_manager().status(lock.key)
+        assert info is not None
+        assert info.token == lock.token
+        return lock.key, lock.token
+
+    key, token = work(1)
+    assert key == "job-1"
+    assert conf.get_manager().status("job-1") is None  # released after the call
+    held = other.acquire("job-2", ttl=30)
+    try:
+        with pytest.raises(LockNotAcquired):
+            work(2)
+    finally:
+        held.release()
+    assert work(2) != (key, token)
+    settings.MONGOLOCK = {"URL": "mongodb://127.0.0.1:9/", "SERVER_SELECTION_TIMEOUT": 0.3}
+    with pytest.raises(ServerUnavailable, match=r"127\.0\.0\.1:9"):
+        work(3)  # the settings of now, not of when it was decorated
+
+
+def test_manager_argument_takes_a_lazy_manager() -> None:
+    """A lazy proxy of a manager is not built by decorating, only by the first call."""
+    built: list[LockManager] = []
+
+    def build() -> LockManager:
+        built.append(conf.get_manager())
+        return built[-1]
+
+    lazy = SimpleLazyObject(build)
+
+    @locked("lazy-job", manager=lazy)  # type: ignore[arg-type]
+    def work() -> str:
+        lock = current_lock()
+        assert lock is not None
+        return lock.key
+
+    assert not built
+    assert work() == "lazy-job"
+    assert built == [conf.get_manager()]
+
+    @locked("lazy-job", manager=SimpleLazyObject(lambda: "not a manager"))  # type: ignore[arg-type]
+    def wrong() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(TypeError, match="manager must be a LockManager"):
+        wrong()
 
 
 def test_nested_locks_current_is_the_innermost() -> None:

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.exitcodes import EXIT_CHECK_FAILED, EXIT_ERROR
 from django_mongolock.store import AUDIT_KEY_INDEX, AUDIT_TTL_INDEX, PROCESS_TTL_INDEX
 from django_mongolock.terminal import printable
 
@@ -51,7 +52,7 @@ class Command(BaseCommand):
             kind = manager.server_kind()
             plan = manager.check_indexes() if check else manager.ensure_indexes()
         except MongoLockError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
+            raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         base = f"{manager.database}.{manager.collection}"
         rows = [(printable(base + _SUFFIXES.get(item.name, "")), item) for item in plan]
         names = [(target, _plain(item.description)) for target, item in rows]
@@ -79,4 +80,4 @@ class Command(BaseCommand):
         if kind == "standalone":
             problems.append("the server is a standalone mongod; locks need a replica set")
         if problems:
-            raise CommandError("; ".join(problems) + ".", returncode=1)
+            raise CommandError("; ".join(problems) + ".", returncode=EXIT_CHECK_FAILED)

@@ -6,35 +6,28 @@ import itertools
 import json
 import os
 import sys
-from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Iterable, Iterator
-from datetime import datetime
 from typing import Any, Final
 
-from django.core.management.base import (
-    BaseCommand,
-    CommandError,
-    CommandParser,
-    DjangoHelpFormatter,
-)
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_mongolock import conf
-from django_mongolock.decorators import BUSY_EXIT_CODE
 from django_mongolock.exceptions import MongoLockError
+from django_mongolock.exitcodes import EXIT_ERROR, EXIT_HOLDER_ALIVE, EXIT_NO_LOCK
+from django_mongolock.management.arguments import (
+    EPILOG,
+    HISTORY,
+    LIST,
+    ORDERS,
+    RELEASE,
+    STATUS,
+    HelpFormatter,
+    add_subcommands,
+)
 from django_mongolock.manager import LockManager
 from django_mongolock.store import AuditEntry, LockInfo, Order, State
-from django_mongolock.terminal import printable
+from django_mongolock.terminal import age, liveness, printable, relative, timestamp, who
 from django_mongolock.validation import validate_key
-
-RELEASE: Final = "release"
-LIST: Final = "list"
-STATUS: Final = "status"
-HISTORY: Final = "history"
-
-EXIT_OK: Final = 0
-EXIT_NO_LOCK: Final = 1
-EXIT_ERROR: Final = 2
-EXIT_HOLDER_ALIVE: Final = 3
 
 # Column widths come from the first rows only, so that a listing of any length streams;
 # a longer value later overflows its column instead of being cut (keys must stay whole
@@ -43,46 +36,6 @@ _WIDTH_SAMPLE: Final = 1000
 _MAX_KEY_WIDTH: Final = 60
 _MAX_OWNER_WIDTH: Final = 48
 _MAX_REASON_WIDTH: Final = 60
-
-_ORDERS: Final[dict[tuple[str, bool], Order]] = {
-    ("key", False): "key",
-    ("key", True): "-key",
-    ("expires", False): "expires",
-    ("expires", True): "-expires",
-    ("acquired", False): "acquired",
-    ("acquired", True): "-acquired",
-}
-
-EXIT_CODES: Final = f"""\
-exit status:
-  {EXIT_OK}   done
-  {EXIT_NO_LOCK}   no such lock (release, status)
-  {EXIT_ERROR}   MongoDB could not be reached or refused; invalid settings or arguments
-  {EXIT_HOLDER_ALIVE}   (release) the lease is live and its holder is not known to be dead: nothing
-      released (see --force)
-  {BUSY_EXIT_CODE}  (from commands decorated with @locked) the lock was busy: try again later
-"""
-
-EPILOG: Final = f"""\
-examples:
-  python manage.py mongolock list                         live locks, as a table
-  python manage.py mongolock list --all --prefix invoice-
-  python manage.py mongolock list --expired --json        expired locks, as JSON lines
-  python manage.py mongolock status report-gen
-  python manage.py mongolock release report-gen           refused while its holder lives
-  python manage.py mongolock release report-gen --force --reason "stuck since noon"
-  python manage.py mongolock history report-gen           who force-released it, and why
-
-{EXIT_CODES}"""
-
-
-class _HelpFormatter(DjangoHelpFormatter):
-    """Django's option order; text with line breaks (examples, exit codes) kept as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        if "\n" in text:
-            return "".join(indent + line for line in text.splitlines(keepends=True))
-        return super()._fill_text(text, width, indent)
 
 
 class Command(BaseCommand):
@@ -94,120 +47,12 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         kwargs.setdefault("epilog", EPILOG)
         return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        commands = parser.add_subparsers(
-            dest="subcommand", required=True, metavar="subcommand", title="subcommands"
-        )
-
-        release = commands.add_parser(
-            RELEASE,
-            help="force-release a lock (refused while its holder may be alive)",
-            description="Remove the lock KEY and print who held it. The former holder sees "
-            "its lock as lost at its next refresh; its fencing token is stale from now on. "
-            f"Refused (exit {EXIT_HOLDER_ALIVE}) while the lease is live and its holder is not "
-            "known to be dead (it sends heartbeats, or has sent none yet), unless --force. "
-            "Every release is recorded in the audit trail (see history), "
-            "with your OS user@host. Exits 1 when there is no such lock.",
-            epilog=EXIT_CODES,
-            formatter_class=_HelpFormatter,
-        )
-        _shared_options(release)
-        release.add_argument("key", metavar="KEY", help="the lock's key")
-        release.add_argument(
-            "--token",
-            type=int,
-            metavar="TOKEN",
-            help="release only while the lock still has this fencing token (so that a "
-            "holder that took it since is left alone)",
-        )
-        release.add_argument(
-            "--force",
-            action="store_true",
-            help="release even though the holder may be alive",
-        )
-        release.add_argument(
-            "--reason",
-            default="",
-            metavar="TEXT",
-            help="why, for the audit trail (see history)",
-        )
-
-        history = commands.add_parser(
-            HISTORY,
-            help="show who force-released a lock, when and why",
-            description="The force releases of KEY still on record (AUDIT_RETENTION), "
-            "newest first: when (server time), by whom, the former owner and token, and "
-            "the reason. Exits 0, also when there are none.",
-            epilog=EXIT_CODES,
-            formatter_class=_HelpFormatter,
-        )
-        _shared_options(history)
-        history.add_argument("key", metavar="KEY", help="the lock's key")
-        history.add_argument(
-            "--limit", type=int, default=100, metavar="N", help="at most N entries (100)"
-        )
-        history.add_argument(
-            "--json",
-            dest="as_json",
-            action="store_true",
-            help="one JSON object per line (AuditEntry.as_dict()) instead of a table",
-        )
-
-        listing = commands.add_parser(
-            LIST,
-            help="list locks as a table or as JSON lines",
-            description="List locks, streamed from the server in batches (any number of "
-            "them). Times are relative to the server's clock.",
-            epilog=EXIT_CODES,
-            formatter_class=_HelpFormatter,
-        )
-        _shared_options(listing)
-        states = listing.add_mutually_exclusive_group()
-        for state, text in (
-            ("live", "only locks whose lease is running (the default)"),
-            ("expired", "only expired locks (their holder died or lost them)"),
-            ("all", "live and expired locks"),
-        ):
-            states.add_argument(
-                f"--{state}", dest="state", action="store_const", const=state, help=text
-            )
-        listing.set_defaults(state="live")
-        listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
-        listing.add_argument("--owner", metavar="TEXT", help="only owners that contain TEXT")
-        listing.add_argument(
-            "--order",
-            choices=tuple(dict.fromkeys(name for name, _ in _ORDERS)),
-            default="key",
-            help="sort by key (the default), lease end or acquisition time",
-        )
-        listing.add_argument("--reverse", action="store_true", help="sort descending")
-        listing.add_argument(
-            "--json",
-            dest="as_json",
-            action="store_true",
-            help="one JSON object per line (LockInfo.as_dict()) instead of a table",
-        )
-
-        status = commands.add_parser(
-            STATUS,
-            help="show one lock in detail",
-            description="Show the lock KEY: holder, fencing token, and its times. An "
-            "expired lock is shown as expired (exit 0); exits 1 when there is none.",
-            epilog=EXIT_CODES,
-            formatter_class=_HelpFormatter,
-        )
-        _shared_options(status)
-        status.add_argument("key", metavar="KEY", help="the lock's key")
-        status.add_argument(
-            "--json",
-            dest="as_json",
-            action="store_true",
-            help="one JSON object (LockInfo.as_dict()) instead of text",
-        )
+        add_subcommands(parser)
 
     def handle(self, *args: Any, subcommand: str, verbosity: int, **options: Any) -> None:
         try:
@@ -236,7 +81,7 @@ class Command(BaseCommand):
                     options["state"],
                     options["prefix"],
                     options["owner"],
-                    _ORDERS[order, options["reverse"]],
+                    ORDERS[order, options["reverse"]],
                     options["as_json"],
                     verbosity,
                 )
@@ -276,13 +121,13 @@ class Command(BaseCommand):
             return
         if info.live:
             head = self.style.SUCCESS(f"Released {key!r}")
-            lease = f"its lease would have ended {_relative(info.remaining)}"
+            lease = f"its lease would have ended {relative(info.remaining)}"
         else:
             head = self.style.SUCCESS(f"Removed the expired lock {key!r}")
-            lease = f"its lease ended {_relative(info.remaining)}"
+            lease = f"its lease ended {relative(info.remaining)}"
         self.stdout.write(
-            f"{head}: held by {_who(info)} (token {info.token}), acquired "
-            f"{_relative(-_age(info))}; {lease}."
+            f"{head}: held by {who(info)} (token {info.token}), acquired "
+            f"{relative(-age(info))}; {lease}."
         )
         if verbosity >= 2:
             why = f": {printable(reason)}" if reason else " (no reason given)"
@@ -301,12 +146,12 @@ class Command(BaseCommand):
             return current.token
         if current.holder_alive:
             silent = current.holder_silent_for or 0.0
-            state = f"whose process is alive (last heartbeat {_relative(-silent)})"
+            state = f"whose process is alive (last heartbeat {relative(-silent)})"
         else:
             state = "whose process is not known to be dead (no heartbeat from it yet)"
         raise CommandError(
-            f"lock {key!r} is held by {_who(current)} (token {current.token}), {state}, and "
-            f"its lease ends {_relative(current.remaining)}; nothing released. Stop the "
+            f"lock {key!r} is held by {who(current)} (token {current.token}), {state}, and "
+            f"its lease ends {relative(current.remaining)}; nothing released. Stop the "
             "holder, wait for the lease to end, or pass --force to break its lock anyway.",
             returncode=EXIT_HOLDER_ALIVE,
         )
@@ -332,7 +177,7 @@ class Command(BaseCommand):
     def _history_table(self, entries: Iterable[AuditEntry]) -> None:
         rows = [
             (
-                _timestamp(entry.at),
+                timestamp(entry.at),
                 printable(entry.by),
                 printable(entry.owner) + (" (expired)" if entry.expired else ""),
                 str(entry.token),
@@ -371,18 +216,18 @@ class Command(BaseCommand):
             ("state", self._state(info, width=0)),
             ("owner", printable(info.owner)),
             ("token", str(info.token)),
-            ("acquired", f"{_timestamp(info.acquired_at)} ({_relative(-_age(info))})"),
-            ("refreshed", f"{_timestamp(info.refreshed_at)} ({_relative(refreshed)})"),
+            ("acquired", f"{timestamp(info.acquired_at)} ({relative(-age(info))})"),
+            ("refreshed", f"{timestamp(info.refreshed_at)} ({relative(refreshed)})"),
             (
                 "expires" if info.live else "expired",
-                f"{_timestamp(info.expires_at)} ({_relative(info.remaining)})",
+                f"{timestamp(info.expires_at)} ({relative(info.remaining)})",
             ),
             ("ttl", f"{info.ttl:g}s"),
             ("process", _process(info)),
-            ("server time", _timestamp(info.now)),
+            ("server time", timestamp(info.now)),
         ]
         if not info.owner:
-            rows[2] = ("holders", _who(info))
+            rows[2] = ("holders", who(info))
         if info.group:
             rows.append(("group", printable(info.group)))
         if info.kind == "election":
@@ -395,7 +240,7 @@ class Command(BaseCommand):
             live = "live" if holder.expires_at > info.now else "expired"
             self.stdout.write(
                 f"  {printable(holder.owner)}  token {holder.token}  {live}, lease ends "
-                f"{_relative((holder.expires_at - info.now).total_seconds())}"
+                f"{relative((holder.expires_at - info.now).total_seconds())}"
             )
 
     def _list(
@@ -428,7 +273,7 @@ class Command(BaseCommand):
             self.stdout.write(f"No {'' if state == 'all' else state + ' '}locks.")
             return
         key_width = min(_MAX_KEY_WIDTH, max(3, *(len(printable(info.key)) for info in sample)))
-        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(_who(info)) for info in sample)))
+        owner_width = min(_MAX_OWNER_WIDTH, max(5, *(len(who(info)) for info in sample)))
         token_width = max(5, *(len(str(info.token)) for info in sample))
         header = (
             f"{'KEY':<{key_width}}  {'STATE':<7}  {'OWNER':<{owner_width}}  "
@@ -439,9 +284,9 @@ class Command(BaseCommand):
         for info in itertools.chain(sample, rows):
             self.stdout.write(
                 f"{printable(info.key):<{key_width}}  {self._state(info, 7)}  "
-                f"{_who(info):<{owner_width}}  "
-                f"{info.token:>{token_width}}  {_relative(-_age(info)):<9}  "
-                f"{_relative(info.remaining):<9}  {_process(info, brief=True)}"
+                f"{who(info):<{owner_width}}  "
+                f"{info.token:>{token_width}}  {relative(-age(info)):<9}  "
+                f"{relative(info.remaining):<9}  {_process(info, brief=True)}"
             )
             count += 1
         self.stdout.write(f"{count} {'' if state == 'all' else state + ' '}lock{_s(count)}")
@@ -449,23 +294,6 @@ class Command(BaseCommand):
     def _state(self, info: LockInfo, width: int) -> str:
         text = f"{info.state:<{width}}"
         return self.style.SUCCESS(text) if info.live else self.style.WARNING(text)
-
-
-def _shared_options(parser: ArgumentParser) -> None:
-    """Accept Django's common options after the subcommand too (``mongolock list -v0``).
-
-    Given there, they override the ones before it; not given, they leave those alone.
-    """
-    parser.add_argument(
-        "-v",
-        "--verbosity",
-        type=int,
-        choices=[0, 1, 2, 3],
-        default=SUPPRESS,
-        help="0: errors only (the exit status tells the rest), 1: normal output",
-    )
-    for flag in ("--traceback", "--no-color", "--force-color"):
-        parser.add_argument(flag, action="store_true", default=SUPPRESS, help=SUPPRESS)
 
 
 def _with_liveness(manager: LockManager, rows: Iterator[LockInfo]) -> Iterator[LockInfo]:
@@ -476,39 +304,16 @@ def _with_liveness(manager: LockManager, rows: Iterator[LockInfo]) -> Iterator[L
 
 def _process(info: LockInfo, *, brief: bool = False) -> str:
     """Whether the holder's process is alive, by its heartbeats (server time)."""
-    silent = info.holder_silent_for
-    if info.holder_alive is None or silent is None:
+    state, silent = liveness(info)
+    if state == "unknown":
         return "-" if brief else "unknown (no heartbeat on record)"
-    if info.holder_alive:
-        return "alive" if brief else f"alive (last heartbeat {_relative(-silent)})"
+    if state == "alive":
+        return "alive" if brief else f"alive (last heartbeat {relative(-silent)})"
     return (
-        f"silent {_relative(silent).removeprefix('in ')}"
+        f"silent {relative(silent).removeprefix('in ')}"
         if brief
-        else (f"not alive (silent for {_relative(silent).removeprefix('in ')})")
+        else (f"not alive (silent for {relative(silent).removeprefix('in ')})")
     )
-
-
-def _age(info: LockInfo) -> float:
-    """Seconds since the lock was acquired, by the server's clock."""
-    return (info.now - info.acquired_at).total_seconds()
-
-
-def _relative(seconds: float) -> str:
-    """``in 12s`` ahead, ``3m ago`` behind: the largest whole unit, as people read a clock."""
-    size = abs(seconds)
-    if size < 1:
-        return "now"
-    unit, length = next(
-        (unit, length)
-        for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-        if size >= length
-    )
-    text = f"{int(size // length)}{unit}"
-    return f"in {text}" if seconds > 0 else f"{text} ago"
-
-
-def _timestamp(moment: datetime) -> str:
-    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _s(count: int) -> str:
@@ -531,13 +336,3 @@ def _json(info: LockInfo) -> str:
     other non-ASCII character are ``\\uXXXX`` escapes, which every JSON parser decodes back to
     the key as stored, and no terminal acts on."""
     return json.dumps(info.as_dict(), ensure_ascii=True)
-
-
-def _who(info: LockInfo) -> str:
-    """The holder for people: the owner, or the shared holders; with the lock's role.
-
-    Escaped for the terminal, as keys are (see ``printable``).
-    """
-    label = info.owner or info.holder_label
-    role = "leader" if info.kind == "election" else f"group {info.group}" if info.group else ""
-    return printable(f"{label} ({role})" if role else label)

@@ -1,0 +1,6 @@
+"""The parts of ``@locked`` (see ``django_mongolock.decorators``), one job per module.
+
+``keys``: key templates; ``kinds``: function, view or command; ``call``: one call under
+its lock; ``held``: iterating and releasing; ``busy``: what a busy call answers;
+``stopping``: ``on_lost="exit"``.
+"""
