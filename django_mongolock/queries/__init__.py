@@ -42,10 +42,12 @@ from django_mongolock.queries.indexes import (
 from django_mongolock.queries.inspection import COUNTED, SORTS, counts, find, force_release, listing
 from django_mongolock.queries.leases import (
     RELEASE_PIPELINE,
+    SHARED_LEASES,
     Release,
     Update,
     give_up,
     leave_queue,
+    live_shared_owners,
     refresh,
     refresh_many,
     refresh_shared,
@@ -87,6 +89,7 @@ __all__ = [
     "PROCESS_TTL_INDEX",
     "PROJECTION",
     "RELEASE_PIPELINE",
+    "SHARED_LEASES",
     "SORTS",
     "TTL_INDEX",
     "Acquire",
@@ -103,6 +106,7 @@ __all__ = [
     "heartbeats",
     "leave_queue",
     "listing",
+    "live_shared_owners",
     "liveness",
     "plan_keyed",
     "plan_locks",

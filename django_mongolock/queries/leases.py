@@ -6,7 +6,7 @@ touched; every time is the server's (``$$NOW``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,10 +27,12 @@ from django_mongolock.queries.common import (
 
 __all__ = [
     "RELEASE_PIPELINE",
+    "SHARED_LEASES",
     "Release",
     "Update",
     "give_up",
     "leave_queue",
+    "live_shared_owners",
     "refresh",
     "refresh_many",
     "refresh_shared",
@@ -182,6 +184,20 @@ def refresh_shared_many(
             {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
         ],
     )
+
+
+# What a bulk shared refresh reads back: the holders, and the server's time to judge them.
+SHARED_LEASES: Final = {"holders": 1, "now": "$$NOW"}
+
+
+def live_shared_owners(docs: Iterable[Mapping[str, Any]], owners: Set[str]) -> set[str]:
+    """Which of ``owners`` hold a live shared lease in ``docs`` (read with ``SHARED_LEASES``)."""
+    return {
+        entry["owner"]
+        for doc in docs
+        for entry in doc.get("holders") or ()
+        if entry.get("owner") in owners and entry["expires_at"] > doc["now"]
+    }
 
 
 # A release marks the document freed (the watcher wakes waiters on it) and shortens every

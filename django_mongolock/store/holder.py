@@ -157,17 +157,10 @@ class HolderQueries(StoreBase):
             return set()
         owners = {owner for _, owner, _ in held}
         query, pipeline = queries.refresh_shared_many(held)
-        alive: set[str] = set()
         with self._translate:
             self.collection.update_many(query, pipeline, hint=_BY_ID)
-            for doc in self.collection.find(
-                query, projection={"holders": 1, "now": "$$NOW"}, hint=_BY_ID
-            ):
-                alive.update(
-                    entry["owner"]
-                    for entry in doc.get("holders") or ()
-                    if entry.get("owner") in owners and entry["expires_at"] > doc["now"]
-                )
+            docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
+            alive = queries.live_shared_owners(docs, owners)
         return owners - alive
 
     def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
