@@ -21,17 +21,8 @@ from pymongo.errors import (
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from django_mongolock import queries
-from django_mongolock.store import (
-    _CODEC,
-    LockInfo,
-    _check_limit,
-    _checked,
-    _refused,
-    _released_live,
-    _retryable,
-    _Translate,
-)
+from django_mongolock import mongo, queries
+from django_mongolock.info import LockInfo
 
 __all__ = ["AsyncLockStore"]
 
@@ -42,11 +33,11 @@ class AsyncLockStore:
     def __init__(self, client: AsyncMongoClient[Any], database: str, collection: str) -> None:
         self.client = client
         self.collection: AsyncCollection[Any] = client[database][collection].with_options(
-            codec_options=_CODEC,
+            codec_options=mongo.CODEC,
             write_concern=WriteConcern(w="majority"),
             read_concern=ReadConcern("majority"),
         )
-        self._translate = _Translate(self)
+        self._translate = mongo.Translate(self)
 
     def servers(self) -> list[str]:
         return [
@@ -69,7 +60,7 @@ class AsyncLockStore:
         limit: int | None = None,
         tags: Mapping[str, str] | None = None,
     ) -> LockInfo:
-        _check_limit(shared, limit)
+        queries.check_limit(shared, limit)
         op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
@@ -86,7 +77,7 @@ class AsyncLockStore:
                         await self.collection.update_one(undo.filter, undo.pipeline)
                     raise
         info = LockInfo.from_document(doc)
-        return _refused(info, owner, queue=queue, shared=shared, limit=limit)
+        return queries.refused(info, owner, queue=queue, shared=shared, limit=limit)
 
     async def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
         reply, _ = await self._send(op.command(self.collection.name, key))
@@ -100,14 +91,14 @@ class AsyncLockStore:
         Like the driver's one retry of a write: sent once more after an error it retries
         writes on, within one time budget for both sends.
         """
-        database = self.collection.database
+        database, codec = self.collection.database, mongo.CODEC
         with pymongo.timeout(self.timeout):
             try:
-                return _checked(await database.command(command, codec_options=_CODEC)), False
+                return mongo.checked(await database.command(command, codec_options=codec)), False
             except PyMongoError as exc:
-                if not _retryable(exc):
+                if not mongo.retryable(exc):
                     raise
-            return _checked(await database.command(command, codec_options=_CODEC)), True
+            return mongo.checked(await database.command(command, codec_options=codec)), True
 
     async def _update(self, op: queries.Update) -> Any:
         return await self.collection.find_one_and_update(
@@ -136,7 +127,7 @@ class AsyncLockStore:
         if shared:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
-            return _released_live(doc)
+            return queries.released_live(doc)
         with self._translate:
             command = queries.release(key, owner, token).command(self.collection.name)
             reply, retried = await self._send(command)
@@ -144,7 +135,7 @@ class AsyncLockStore:
                 return bool(reply["nModified"])
             # Sent twice and the second changed nothing: the first freed the document if
             # it is still free at this lock's token (nobody has taken the key since).
-            freed = {"_id": key, "owner": None, "token": token}
+            freed = queries.still_freed(key, token)
             return await self.collection.find_one(freed, projection={"_id": 1}) is not None
 
     async def close(self) -> None:

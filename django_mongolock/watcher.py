@@ -18,35 +18,16 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from django_mongolock import clock
+from django_mongolock import clock, mongo, queries
 from django_mongolock.exceptions import MongoLockError
-
-if TYPE_CHECKING:
-    from django_mongolock.store import LockStore
-    from django_mongolock.waiters import Waiters
+from django_mongolock.store import LockStore
+from django_mongolock.waiters import Waiters
 
 __all__ = ["Watcher"]
-
-# A key is freed by a delete, or by a release that keeps the document for its waiters.
-_FREED = [
-    {
-        "$match": {
-            "$or": [
-                {"operationType": "delete"},
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.released_at": {"$exists": True},
-                },
-            ]
-        }
-    }
-]
-# ChangeStreamFatalError, ChangeStreamHistoryLost: the resume token cannot be used again.
-_HISTORY_LOST = frozenset({280, 286})
 
 logger = logging.getLogger("django_mongolock.watcher")
 
@@ -108,7 +89,7 @@ class Watcher:
             try:
                 store = self._store_of()
                 with store.collection.watch(
-                    _FREED,
+                    queries.FREED_EVENTS,
                     max_await_time_ms=round(MAX_AWAIT * 1000),
                     resume_after=resume_token,
                 ) as stream:
@@ -132,7 +113,7 @@ class Watcher:
                         elif clock.now() - idle_since > IDLE_EXIT:
                             return
             except (PyMongoError, MongoLockError) as exc:
-                if isinstance(exc, OperationFailure) and exc.code in _HISTORY_LOST:
+                if isinstance(exc, OperationFailure) and exc.code in mongo.HISTORY_LOST:
                     resume_token = None  # the resume point is gone: start afresh
                 failures += 1
                 if failures == 1:

@@ -117,8 +117,8 @@ def test_without_any_server_the_error_says_how_to_get_one(
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("MONGOLOCK_MONGOD", raising=False)
     monkeypatch.delenv("MONGOLOCK_TEST_URL", raising=False)
-    monkeypatch.setattr(testing, "_wheel_mongod", lambda: None)
-    monkeypatch.setattr(testing, "_docker_engine_answers", lambda: False)
+    monkeypatch.setattr(testing.nodes, "_wheel_mongod", lambda: None)
+    monkeypatch.setattr(testing.servers, "_docker_engine_answers", lambda: False)
     assert find_mongod() is None
     with pytest.raises(MongodNotFound) as caught, mongolock_replica_set_url():
         pass  # pragma: no cover
@@ -131,13 +131,15 @@ def test_without_any_server_the_error_says_how_to_get_one(
 def test_the_test_url_is_used_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     url = "mongodb://db.example:27017/?replicaSet=elsewhere"
     monkeypatch.setenv("MONGOLOCK_TEST_URL", url)
-    monkeypatch.setattr(testing, "find_mongod", lambda: pytest.fail("must not look for mongod"))
+    monkeypatch.setattr(
+        testing.servers, "find_mongod", lambda: pytest.fail("must not look for mongod")
+    )
     with mongolock_replica_set_url() as given:
         assert given == url
 
 
 def test_docker_probe_answers_a_bool() -> None:
-    assert isinstance(testing._docker_engine_answers(), bool)
+    assert isinstance(testing.servers._docker_engine_answers(), bool)
 
 
 # -- MongoReplicaSet, one node ------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""The expressions every lock query shares: liveness, the projection, fencing tokens.
+
+One document per key. An exclusive holder lives in the top-level fields (``owner``,
+``token``, ``expires_at``...). Shared holders (shared locks and semaphores) live in
+``holders``, with ``owner`` null and the top-level ``expires_at`` set to the latest of
+their leases, so that "is this key free for an exclusive holder?" stays one comparison
+with ``$$NOW``, and the TTL index and listings treat both kinds alike. Every decision
+about time is made by the server inside the update.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+# Fencing token from the cluster time: seconds * 2**31 + increment. The server keeps the
+# increment below 2**31, so tokens stay ordered like cluster times and fit in an int64
+# until the year 2106. The cluster time only moves forward, also across elections.
+CLUSTER_TOKEN: Final = {
+    "$add": [
+        {"$multiply": [{"$toLong": {"$tsSecond": "$$CLUSTER_TIME"}}, 2**31]},
+        {"$toLong": {"$tsIncrement": "$$CLUSTER_TIME"}},
+    ]
+}
+LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
+# Waiters in line whose place has not lapsed.
+LIVE_WAITERS: Final = {
+    "$filter": {
+        "input": {"$ifNull": ["$waiters", []]},
+        "as": "w",
+        "cond": {"$gt": ["$$w.until", "$$NOW"]},
+    }
+}
+LIVE_HOLDERS: Final = {
+    "$filter": {
+        "input": {"$ifNull": ["$holders", []]},
+        "as": "h",
+        "cond": {"$gt": ["$$h.expires_at", "$$NOW"]},
+    }
+}
+FIELDS: Final = (
+    "owner",
+    "token",
+    "acquired_at",
+    "refreshed_at",
+    "expires_at",
+    "ttl",
+    "mode",
+    "limit",
+    "group",
+    "kind",
+    "holders",
+)
+PROJECTION: Final = {
+    **dict.fromkeys(FIELDS, 1),
+    "now": "$$NOW",
+    "waiting": {"$size": LIVE_WAITERS},
+}
+# A document is a lock while it has an exclusive owner or shared holders; a released
+# document kept for its waiters' line has neither.
+HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists": True}}]}
+# How long after the lease end it waits for a waiter keeps its place in line (ms).
+PLACE_GRACE_MS: Final = 2000
+# The lists inside one document are capped far below MongoDB's 16 MB document limit (an
+# entry takes about 100 bytes): a blocking acquirer facing a full line, or a shared one
+# facing a full list of holders, is refused with ``LineFull`` instead of growing them.
+MAX_WAITERS: Final = 1000
+MAX_HOLDERS: Final = 1000
+# Owner ids of the latest acquisitions of a key that ended (released, or given back): a
+# late duplicate of one of those acquire requests changes nothing instead of taking the
+# key again for a holder that has moved on.
+ENDED_KEEP: Final = 16
+ENDED: Final = {"$ifNull": ["$ended", []]}
+NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER_TOKEN]}
+
+
+def lease_end(ttl: float) -> dict[str, Any]:
+    return {"$add": ["$$NOW", round(ttl * 1000)]}
+
+
+def mine(me: Any) -> dict[str, Any]:
+    """This owner's entry in ``holders`` (missing when it has none)."""
+    return {
+        "$arrayElemAt": [
+            {
+                "$filter": {
+                    "input": {"$ifNull": ["$holders", []]},
+                    "as": "h",
+                    "cond": {"$eq": ["$$h.owner", me]},
+                }
+            },
+            0,
+        ]
+    }
+
+
+def holder_is(owner: str, *, live: bool) -> dict[str, Any]:
+    """True when ``owner`` has an entry in ``holders`` (and, with ``live``, a live one)."""
+    test: Any = {"$eq": ["$$h.owner", {"$literal": owner}]}
+    if live:
+        test = {"$and": [test, {"$gt": ["$$h.expires_at", "$$NOW"]}]}
+    return {
+        "$anyElementTrue": [
+            {"$map": {"input": {"$ifNull": ["$holders", []]}, "as": "h", "in": test}}
+        ]
+    }

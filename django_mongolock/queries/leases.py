@@ -1,0 +1,358 @@
+"""The holder's other queries: keep a lease (refresh), give it up (release), leave a line.
+
+Every filter names the holder's owner and token, so that nobody else's lease is ever
+touched; every time is the server's (``$$NOW``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any, Final
+
+import bson
+from bson.raw_bson import RawBSONDocument
+
+from django_mongolock.queries.common import (
+    ENDED,
+    ENDED_KEEP,
+    LIVE,
+    LIVE_WAITERS,
+    PLACE_GRACE_MS,
+    PROJECTION,
+    holder_is,
+    lease_end,
+    mine,
+)
+
+__all__ = [
+    "RELEASE_PIPELINE",
+    "SHARED_LEASES",
+    "Release",
+    "Update",
+    "give_up",
+    "leave_queue",
+    "live_shared_owners",
+    "refresh",
+    "refresh_many",
+    "refresh_shared",
+    "refresh_shared_many",
+    "release",
+    "release_many",
+    "release_shared",
+    "released_live",
+    "still_freed",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One ``find_one_and_update(filter, pipeline, projection)``."""
+
+    filter: dict[str, Any]
+    pipeline: list[dict[str, Any]]
+    projection: dict[str, Any]
+    return_after: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One update by ``pipeline`` that changes the document only if the lease was live.
+
+    An update, not a ``findAndModify``: the server keeps no pre-image for a retry, and
+    the modified count still tells a live lease (1) from an ended one (0).
+    """
+
+    filter: dict[str, Any]
+    pipeline: list[Mapping[str, Any]]
+
+    def command(self, collection: str) -> dict[str, Any]:
+        """The ``update`` command document, with majority write concern.
+
+        Sent as a plain command (see ``Acquire.command``); after a lost reply the store
+        sends it again and, if that changes nothing, looks whether the first one freed
+        the document.
+        """
+        return {
+            "update": collection,
+            "updates": [{"q": self.filter, "u": self.pipeline}],
+            "writeConcern": {"w": "majority"},
+        }
+
+
+def leave_queue(key: str, owner: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``update_one`` arguments that give up a waiter's place in line."""
+    return {"_id": key}, {"$pull": {"waiters": {"owner": owner}}}
+
+
+def refresh(key: str, owner: str, token: int, ttl: float) -> Update:
+    """Extend a live exclusive lease of ``owner``/``token``."""
+    return Update(
+        {"_id": key, "owner": owner, "token": token, "$expr": LIVE},
+        [{"$set": {"expires_at": lease_end(ttl), "refreshed_at": "$$NOW", "ttl": ttl}}],
+        PROJECTION,
+    )
+
+
+def refresh_shared(key: str, owner: str, token: int, ttl: float) -> Update:
+    """Extend a live shared lease of ``owner``/``token``."""
+    me = {"$literal": owner}
+    return Update(
+        {
+            "_id": key,
+            "holders": {"$elemMatch": {"owner": owner, "token": token}},
+            "$expr": holder_is(owner, live=True),
+        },
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$map": {
+                            "input": "$holders",
+                            "as": "h",
+                            "in": {
+                                "$cond": [
+                                    {"$eq": ["$$h.owner", me]},
+                                    {
+                                        "$mergeObjects": [
+                                            "$$h",
+                                            {"expires_at": lease_end(ttl), "ttl": ttl},
+                                        ]
+                                    },
+                                    "$$h",
+                                ]
+                            },
+                        }
+                    },
+                    "refreshed_at": "$$NOW",
+                }
+            },
+            {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
+        ],
+        {**PROJECTION, "mine": mine(me)},
+    )
+
+
+def refresh_shared_many(
+    held: Sequence[tuple[str, str, int]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``update_many`` arguments that extend every live shared lease in ``held``.
+
+    The filter names the keys, so the documents are found through the ``_id`` index
+    whatever the size of the collection (send it with that hint).
+    """
+    owners = sorted({owner for _, owner, _ in held})
+    listed = {"$literal": owners}
+    return (
+        {"_id": {"$in": sorted({key for key, _, _ in held})}, "holders.owner": {"$in": owners}},
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$map": {
+                            "input": "$holders",
+                            "as": "h",
+                            "in": {
+                                "$cond": [
+                                    {
+                                        "$and": [
+                                            {"$in": ["$$h.owner", listed]},
+                                            {"$gt": ["$$h.expires_at", "$$NOW"]},
+                                        ]
+                                    },
+                                    {
+                                        "$mergeObjects": [
+                                            "$$h",
+                                            {
+                                                "expires_at": {
+                                                    "$add": [
+                                                        "$$NOW",
+                                                        {"$multiply": ["$$h.ttl", 1000]},
+                                                    ]
+                                                }
+                                            },
+                                        ]
+                                    },
+                                    "$$h",
+                                ]
+                            },
+                        }
+                    },
+                    "refreshed_at": "$$NOW",
+                }
+            },
+            {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
+        ],
+    )
+
+
+# What a bulk shared refresh reads back: the holders, and the server's time to judge them.
+SHARED_LEASES: Final = {"holders": 1, "now": "$$NOW"}
+
+
+def live_shared_owners(docs: Iterable[Mapping[str, Any]], owners: Set[str]) -> set[str]:
+    """Which of ``owners`` hold a live shared lease in ``docs`` (read with ``SHARED_LEASES``)."""
+    return {
+        entry["owner"]
+        for doc in docs
+        for entry in doc.get("holders") or ()
+        if entry.get("owner") in owners and entry["expires_at"] > doc["now"]
+    }
+
+
+# A release marks the document freed (the watcher wakes waiters on it) and shortens every
+# place in line to the grace period from now: live waiters, woken by the release, renew
+# theirs at their next attempt; a dead waiter's place then lapses within the grace
+# period instead of at the lease end it was waiting for.
+_FREED: Final = {
+    "released_at": "$$NOW",
+    "waiters": {
+        "$map": {
+            "input": LIVE_WAITERS,
+            "as": "w",
+            "in": {
+                "$mergeObjects": [
+                    "$$w",
+                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]}},
+                ]
+            },
+        }
+    },
+}
+
+
+def _ended_with(owner: Any) -> dict[str, Any]:
+    """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
+    return {"$slice": [{"$concatArrays": [[owner], ENDED]}, ENDED_KEEP]}
+
+
+def release(key: str, owner: str, token: int) -> Release:
+    """Give up an exclusive lock: free its document in place, in one round trip.
+
+    The document stays (without an owner it is no lock, and the TTL index purges it
+    ``RETENTION`` seconds later), so the line of waiters survives the release, the next
+    acquisition of the key is an update rather than an insert, and the stored token
+    keeps counting. The filter on owner and token means a release can never touch
+    somebody else's lock. A lease that has already ended is left as it is: it is free
+    already, and the unmodified document tells the caller that it was no longer held.
+    """
+    return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
+
+
+def give_up(key: str, owner: str, *, shared: bool) -> Release:
+    """``update_one`` arguments that undo an acquisition whose outcome is unknown.
+
+    For an acquire that failed after the server may have applied it (its write concern
+    failed): whatever lease ``owner`` got is given back, so it does not block the key
+    until it ends. Matches nothing when the acquisition did not happen.
+    """
+    if shared:
+        op = release_shared(key, owner, 0)
+        return Release({"_id": key, "holders.owner": owner}, list(op.pipeline))
+    return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
+
+
+# The one release pipeline of every exclusive lock (also applied in bulk at exit).
+RELEASE_PIPELINE: Final = (
+    RawBSONDocument(
+        bson.encode(
+            {
+                "$replaceWith": {
+                    "$cond": [
+                        LIVE,
+                        {
+                            "$mergeObjects": [
+                                "$$ROOT",
+                                {
+                                    "owner": None,
+                                    **_FREED,
+                                    "expires_at": "$$NOW",
+                                    "ended": _ended_with("$owner"),
+                                },
+                            ]
+                        },
+                        "$$ROOT",
+                    ]
+                }
+            }
+        )
+    ),
+)
+
+
+def release_shared(key: str, owner: str, token: int) -> Update:
+    """Give up a shared lease: drop this holder's entry (the document stays until purged)."""
+    me = {"$literal": owner}
+    return Update(
+        {"_id": key, "holders": {"$elemMatch": {"owner": owner, "token": token}}},
+        [
+            {
+                "$set": {
+                    "holders": {
+                        "$filter": {
+                            "input": "$holders",
+                            "as": "h",
+                            "cond": {"$ne": ["$$h.owner", me]},
+                        }
+                    },
+                    **_FREED,
+                    "ended": _ended_with(me),
+                }
+            },
+            {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+        ],
+        {"_id": 0, "live": holder_is(owner, live=True)},
+        return_after=False,
+    )
+
+
+def refresh_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], list[Any]]:
+    """``update_many`` arguments that extend every live exclusive lease in ``held``.
+
+    Each document keeps its own lease length (its ``ttl`` field). An owner id is unique
+    per acquisition and its document holds one token for it, so key and owner name the
+    lease: the tokens need not travel (a third less to send and match). The same filter
+    finds, afterwards, the leases that are still live. The keys select the documents:
+    send it with a hint on ``_id``, or the planner also tries the TTL index, because the
+    filter mentions ``expires_at``.
+    """
+    keys = [key for key, _, _ in held]
+    owners = [owner for _, owner, _ in held]
+    query = {"_id": {"$in": keys}, "owner": {"$in": owners}, "$expr": LIVE}
+    pipeline = [
+        {
+            "$set": {
+                "expires_at": {"$add": ["$$NOW", {"$multiply": ["$ttl", 1000]}]},
+                "refreshed_at": "$$NOW",
+            }
+        }
+    ]
+    return query, pipeline
+
+
+def release_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], list[Any]]:
+    """``update_many`` arguments that free the holders' exclusive locks (at exit)."""
+    query = {
+        "_id": {"$in": [key for key, _, _ in held]},
+        "owner": {"$in": [owner for _, owner, _ in held]},
+        "token": {"$in": [token for _, _, token in held]},
+    }
+    return query, list(RELEASE_PIPELINE)
+
+
+def still_freed(key: str, token: int) -> dict[str, Any]:
+    """The document of ``key`` still free at ``token``: nobody has taken the key since.
+
+    A release sent twice whose second send changed nothing freed the document with its
+    first if this matches.
+    """
+    return {"_id": key, "owner": None, "token": token}
+
+
+def released_live(doc: Mapping[str, Any] | None) -> bool:
+    """Whether a release freed a live lease, from the document it matched.
+
+    A retried release is answered without the computed ``live`` field; the document
+    matched the holder's owner and token, so it is counted as held.
+    """
+    return doc is not None and bool(doc.get("live", True))

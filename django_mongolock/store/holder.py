@@ -1,0 +1,172 @@
+"""The holder's queries: acquire, refresh, release, alone or in bulk; one round trip each."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pymongo
+from pymongo import ASCENDING, ReturnDocument
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
+
+from django_mongolock import mongo, queries
+from django_mongolock.info import LockInfo
+from django_mongolock.store.base import StoreBase
+
+__all__ = ["HolderQueries"]
+
+# The keys select the documents of a bulk refresh: without this hint the planner also
+# tries the TTL index, because the filter mentions expires_at.
+_BY_ID = [("_id", ASCENDING)]
+
+
+class HolderQueries(StoreBase):
+    """The operations of a lock's holder, each filtered on its owner (and token)."""
+
+    def acquire(
+        self,
+        key: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue: bool = False,
+        shared: bool = False,
+        limit: int | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> LockInfo:
+        """Take ``key`` for ``owner`` if it is free for it: one round trip either way.
+
+        Returns the document after the update: the caller holds the lock when its owner
+        is ``owner`` (or, shared, when it is among ``holders``); otherwise it says who
+        holds it and when their leases end. See ``queries.acquire``. Raises LimitConflict
+        or LineFull when the key refused the caller for good (see ``queries.refused``).
+        """
+        queries.check_limit(shared, limit)
+        op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
+        with self._translate:
+            try:
+                doc = self._upsert(key, op)
+            except OperationFailure as exc:  # write concern and write errors among them
+                if isinstance(exc, DuplicateKeyError):
+                    # Two upserts raced to create the document; the loser tries again.
+                    doc = self._upsert(key, op)
+                else:
+                    # The server answered, but maybe after applying the write: give back
+                    # whatever this owner got rather than leave it held by nobody.
+                    undo = queries.give_up(key, owner, shared=shared)
+                    with contextlib.suppress(PyMongoError):
+                        self.collection.update_one(undo.filter, undo.pipeline)
+                    raise
+        info = LockInfo.from_document(doc)
+        return queries.refused(info, owner, queue=queue, shared=shared, limit=limit)
+
+    def _upsert(self, key: str, op: queries.Acquire) -> Mapping[str, Any]:
+        reply, _ = self._send(op.command(self.collection.name, key))
+        doc = reply["value"]
+        assert doc is not None  # an upsert returning the new document has one
+        return doc  # type: ignore[no-any-return]
+
+    def _send(self, command: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Send a lock write as a plain command: the reply, and whether it took two sends.
+
+        Like the driver's one retry of a write: sent once more after an error it retries
+        writes on, within one time budget for both sends.
+        """
+        database = self.collection.database
+        with pymongo.timeout(self.timeout):
+            try:
+                return mongo.checked(database.command(command, codec_options=mongo.CODEC)), False
+            except PyMongoError as exc:
+                if not mongo.retryable(exc):
+                    raise
+            return mongo.checked(database.command(command, codec_options=mongo.CODEC)), True
+
+    def leave_queue(self, key: str, owner: str) -> None:
+        """Give up a waiter's place in line (it stopped waiting)."""
+        with self._translate:
+            self.collection.update_one(*queries.leave_queue(key, owner))
+
+    def _update(self, op: queries.Update) -> Any:
+        return self.collection.find_one_and_update(
+            op.filter,
+            op.pipeline,
+            projection=op.projection,
+            return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
+        )
+
+    def refresh(
+        self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False
+    ) -> LockInfo | None:
+        """Extend a live lease held by ``owner``/``token``; None when it is no longer held."""
+        op = (queries.refresh_shared if shared else queries.refresh)(key, owner, token, ttl)
+        with self._translate:
+            doc = self._update(op)
+        if doc is None:
+            return None
+        info = LockInfo.from_document(doc)
+        return info.as_holder(owner) if shared else info
+
+    def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
+        """Give the holder's lock up in one round trip; True only if its lease was live.
+
+        The document is freed in place (see ``queries.release``); a shared holder's entry
+        is removed. The change stream wakes the waiters, and the filter on owner and
+        token means a release never touches somebody else's lock.
+        """
+        if shared:
+            with self._translate:
+                doc = self._update(queries.release_shared(key, owner, token))
+            return queries.released_live(doc)
+        with self._translate:
+            command = queries.release(key, owner, token).command(self.collection.name)
+            reply, retried = self._send(command)
+            if reply["nModified"] or not retried:
+                return bool(reply["nModified"])
+            # Sent twice and the second changed nothing: the first freed the document if
+            # it is still free at this lock's token (nobody has taken the key since).
+            freed = queries.still_freed(key, token)
+            return self.collection.find_one(freed, projection={"_id": 1}) is not None
+
+    def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """Extend every live lease in ``held`` (key, owner, token) in one write.
+
+        Each document keeps its own lease length (its ``ttl`` field). Returns the owners
+        whose lease could not be extended (released by somebody else, or already over);
+        finding those costs a second query, and only when something was lost.
+        """
+        if not held:
+            return set()
+        query, pipeline = queries.refresh_many(held)
+        with self._translate:
+            result = self.collection.update_many(query, pipeline, hint=_BY_ID)
+            if result.matched_count == len(held):
+                return set()
+            alive = {
+                doc["owner"]
+                for doc in self.collection.find(query, projection={"owner": 1}, hint=_BY_ID)
+            }
+        return {owner for _, owner, _ in held} - alive
+
+    def refresh_shared_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """Extend every live shared lease in ``held`` (key, owner, token): one write, one read.
+
+        Returns the owners whose lease could not be extended.
+        """
+        if not held:
+            return set()
+        owners = {owner for _, owner, _ in held}
+        query, pipeline = queries.refresh_shared_many(held)
+        with self._translate:
+            self.collection.update_many(query, pipeline, hint=_BY_ID)
+            docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
+            alive = queries.live_shared_owners(docs, owners)
+        return owners - alive
+
+    def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
+        """Free the holders' exclusive locks in one write (at exit); how many were freed."""
+        if not held:
+            return 0
+        with self._translate:
+            result = self.collection.update_many(*queries.release_many(held))
+        return result.modified_count

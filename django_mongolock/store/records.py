@@ -1,0 +1,201 @@
+"""The side collections: process heartbeats (is a holder alive?) and the audit trail of
+force releases, with the transaction that releases a lock and records it together."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import pymongo
+from pymongo import ASCENDING, DESCENDING
+from pymongo.client_session import ClientSession
+from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from django_mongolock import mongo, queries
+from django_mongolock.info import AuditEntry, IndexAction, LockInfo, process_of
+from django_mongolock.store.base import StoreBase
+
+__all__ = ["RecordQueries"]
+
+# How often a force release's transaction runs at most (conflicts, lost replies).
+_TRANSACTION_ATTEMPTS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _SideTTL:
+    """A side collection's TTL index, and the collection it belongs on."""
+
+    collection: Collection[Any]
+    index: queries.TTLIndex
+
+
+class RecordQueries(StoreBase):
+    """Heartbeats and the audit trail, in collections next to the lock collection."""
+
+    @property
+    def processes(self) -> Collection[Any]:
+        """Heartbeats of the processes that hold locks, one document per process id."""
+        return self._side("processes")
+
+    @property
+    def audit(self) -> Collection[Any]:
+        """The record of force releases (who, when, key, owner, token, reason)."""
+        return self._side("audit")
+
+    def heartbeat(self, process_ids: Iterable[str], interval: float) -> None:
+        """Record, by server time, that these processes are alive and tick every ``interval``.
+
+        One write for all of them. The document counts as alive until two intervals plus
+        ``HEARTBEAT_SLACK`` after this write (``alive_until``, also the TTL index's field).
+        """
+        writes = queries.heartbeats(process_ids, interval)
+        if writes:
+            with self._translate:
+                self.processes.bulk_write(writes, ordered=False)
+
+    def liveness(self, process_ids: Iterable[str]) -> dict[str, tuple[bool, float]]:
+        """``{process id: (alive, seconds silent)}`` by server time, in one query."""
+        ids = sorted(set(process_ids))
+        if not ids:
+            return {}
+        with self._translate:
+            docs = list(self.processes.find({"_id": {"$in": ids}}, projection=queries.LIVENESS))
+        return queries.liveness(docs)
+
+    def with_liveness(self, infos: Sequence[LockInfo]) -> list[LockInfo]:
+        """``infos`` with ``holder_alive``/``holder_silent_for`` of exclusive holders: one query.
+
+        A holder with no heartbeat on record (it never refreshed, or its record was purged
+        RETENTION seconds after it stopped) stays unknown (None).
+        """
+        found = self.liveness(process_of(info.owner) for info in infos if info.owner)
+        out = []
+        for info in infos:
+            seen = found.get(process_of(info.owner)) if info.owner else None
+            if seen is not None:
+                info = replace(info, holder_alive=seen[0], holder_silent_for=seen[1])
+            out.append(info)
+        return out
+
+    def force_release_recorded(
+        self, key: str, token: int | None, *, by: str, reason: str
+    ) -> LockInfo | None:
+        """``force_release`` and its audit record in one transaction: both or neither."""
+        query = queries.force_release(key, token)
+
+        def delete_and_record(session: ClientSession) -> Mapping[str, Any] | None:
+            doc: Mapping[str, Any] | None = self.collection.find_one_and_delete(
+                query, projection=queries.PROJECTION, session=session
+            )
+            if doc is not None:
+                info = LockInfo.from_document(doc)
+                record = queries.audit_record(key, info, by=by, reason=reason)
+                self.audit.update_one(*record, upsert=True, session=session)
+            return doc
+
+        client = self.collection.database.client
+        # Not with_transaction(): it retries for up to two minutes. A write conflict with
+        # the holder's refresh is retried a few times, all within one time budget.
+        with self._translate, pymongo.timeout(self.timeout), client.start_session() as session:
+            for attempt in range(_TRANSACTION_ATTEMPTS):
+                last = attempt + 1 == _TRANSACTION_ATTEMPTS
+                # Majority whatever the client's own concerns: the release and its record
+                # must survive a failover even when the client writes w=1.
+                session.start_transaction(
+                    read_concern=ReadConcern("majority"),
+                    write_concern=WriteConcern("majority"),
+                )
+                try:
+                    doc = delete_and_record(session)
+                except PyMongoError as exc:
+                    # Nothing is applied until the commit: the whole transaction can be
+                    # sent again after a conflict, a lost reply or a dropped connection.
+                    with contextlib.suppress(PyMongoError):
+                        session.abort_transaction()
+                    if last or not mongo.transaction_retryable(exc):
+                        raise
+                    continue
+                if _commit(session, last):
+                    break
+        return None if doc is None else LockInfo.from_document(doc)
+
+    def history(self, key: str, limit: int | None = 100) -> list[AuditEntry]:
+        """The force releases of ``key`` still on record, newest first."""
+        with self._translate:
+            docs = self.audit.find({"key": key}, sort=queries.HISTORY_SORT, limit=limit or 0)
+            return [AuditEntry.from_document(doc) for doc in docs]
+
+    # -- their indexes -----------------------------------------------------------------------
+
+    def _side_plan(
+        self, retention: int, audit_retention: int
+    ) -> list[tuple[_SideTTL | None, IndexAction]]:
+        specs = [
+            _SideTTL(
+                self.processes,
+                queries.TTLIndex(queries.PROCESS_TTL_INDEX, "alive_until", retention, "heartbeats"),
+            ),
+            _SideTTL(
+                self.audit,
+                queries.TTLIndex(queries.AUDIT_TTL_INDEX, "at", audit_retention, "audit trail"),
+            ),
+        ]
+        plan: list[tuple[_SideTTL | None, IndexAction]] = []
+        for spec in specs:
+            existing = self._index_information(spec.collection)
+            plan.append((spec, spec.index.plan(existing.get(spec.index.name))))
+        plan.append((None, queries.plan_keyed(self._index_information(self.audit))))
+        return plan
+
+    def check_side_indexes(self, retention: int, audit_retention: int) -> list[IndexAction]:
+        """What ``ensure_side_indexes`` would do, changing nothing."""
+        return [item for _, item in self._side_plan(retention, audit_retention)]
+
+    def ensure_side_indexes(self, retention: int, audit_retention: int) -> list[IndexAction]:
+        """The heartbeat and audit collections' indexes: created, or their TTL updated."""
+        done: list[IndexAction] = []
+        with self._translate:
+            for spec, item in self._side_plan(retention, audit_retention):
+                if spec is None:
+                    if item.action == "missing":
+                        self.audit.create_index(
+                            [("key", ASCENDING), ("at", DESCENDING)], name=queries.AUDIT_KEY_INDEX
+                        )
+                        item = IndexAction(item.name, item.description, "created")
+                elif item.action == "missing":
+                    index = spec.index
+                    spec.collection.create_index(
+                        index.field, expireAfterSeconds=index.seconds, name=index.name
+                    )
+                    item = IndexAction(item.name, item.description, "created")
+                elif item.action == "differs":
+                    self._set_ttl(spec.collection, spec.index.name, spec.index.seconds)
+                    item = IndexAction(item.name, item.description, "updated", item.detail)
+                done.append(item)
+        return done
+
+
+def _commit(session: ClientSession, last: bool) -> bool:
+    """Commit; True once committed, False when the whole transaction must run again.
+
+    A commit whose outcome is unknown is sent again (the server applies it once); one
+    the server aborted (a transient error) means running the transaction again.
+    """
+    while True:
+        try:
+            session.commit_transaction()
+            return True
+        except PyMongoError as exc:
+            if exc.has_error_label("UnknownTransactionCommitResult"):
+                if last:
+                    raise
+                last = True  # one more commit attempt
+                continue
+            if exc.has_error_label("TransientTransactionError") and not last:
+                return False
+            raise
