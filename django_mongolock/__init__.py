@@ -19,10 +19,10 @@ from django_mongolock.exceptions import (
     ServerUnavailable,
     StaleTokenError,
 )
+from django_mongolock.info import Holder, LockInfo
 from django_mongolock.lock import Lock
 from django_mongolock.manager import LockContext, LockManager
 from django_mongolock.primitives import Election, LockGroup, Semaphore
-from django_mongolock.store import Holder, LockInfo
 
 
 def _installed_version(distribution: str) -> str:

@@ -39,6 +39,7 @@ from django_mongolock.dashboard import (
 from django_mongolock.display import audit_rows, detail_context, duration, short
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.health import HealthCheck, unavailable_context
+from django_mongolock.info import IndexAction, LockInfo
 from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
 from django_mongolock.releasing import (
@@ -49,7 +50,6 @@ from django_mongolock.releasing import (
     force_release,
     parse_token,
 )
-from django_mongolock.store import IndexAction, LockInfo
 from django_mongolock.validation import validate_key
 
 __all__ = ["LockAdmin"]

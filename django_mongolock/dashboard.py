@@ -25,8 +25,8 @@ from django_mongolock.display import (
     split_owner,
     waiting_label,
 )
+from django_mongolock.info import LockInfo, Order, State
 from django_mongolock.manager import LockManager
-from django_mongolock.store import LockInfo, Order, State
 
 __all__ = [
     "ListParams",

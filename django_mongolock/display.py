@@ -19,7 +19,7 @@ from django.utils.http import RFC3986_SUBDELIMS
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from django_mongolock.store import AuditEntry, LockInfo
+from django_mongolock.info import AuditEntry, LockInfo
 from django_mongolock.terminal import Liveness, liveness, role
 
 __all__ = [

@@ -22,8 +22,8 @@ from django_mongolock.exceptions import (
     ReplicaSetRequired,
     ServerUnavailable,
 )
+from django_mongolock.info import IndexAction
 from django_mongolock.manager import LockManager
-from django_mongolock.store import IndexAction
 
 __all__ = ["Health", "HealthCheck", "Problem", "problem_of", "unavailable_context"]
 

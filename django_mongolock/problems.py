@@ -15,7 +15,7 @@ from urllib.parse import unquote_plus
 
 from pymongo import uri_parser
 
-from django_mongolock.store import _redact
+from django_mongolock.mongo import redact
 from django_mongolock.validation import validate_ttl
 
 __all__ = [
@@ -81,7 +81,7 @@ def _check_url(value: Any) -> str | None:
     try:
         uri_parser.parse_uri(value)
     except Exception as exc:  # the parser raises several types for bad input
-        return f"is not a valid MongoDB URL: {_redact(str(exc))}"
+        return f"is not a valid MongoDB URL: {redact(str(exc))}"
     return None
 
 

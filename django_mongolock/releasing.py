@@ -19,8 +19,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from django_mongolock.display import may_be_alive
+from django_mongolock.info import LockInfo
 from django_mongolock.manager import LockManager
-from django_mongolock.store import LockInfo
 from django_mongolock.validation import validate_key
 
 __all__ = [

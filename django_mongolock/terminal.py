@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal, TypeAlias
 
-from django_mongolock.store import LockInfo
+from django_mongolock.info import LockInfo
 
 __all__ = ["Liveness", "age", "liveness", "printable", "relative", "role", "timestamp", "who"]
 

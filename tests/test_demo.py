@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from django_mongolock import LockManager
-from django_mongolock.store import LockInfo
+from django_mongolock.info import LockInfo
 from testproject.demo_workers import (
     CRASH_KEY,
     ELECTION_KEY,

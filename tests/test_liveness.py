@@ -14,8 +14,9 @@ import pytest
 from pymongo import MongoClient, monitoring
 
 from django_mongolock import LockManager, clock
+from django_mongolock.info import process_of
+from django_mongolock.queries import HEARTBEAT_SLACK
 from django_mongolock.refresher import get_refresher
-from django_mongolock.store import HEARTBEAT_SLACK, process_of
 
 ROOT = Path(__file__).resolve().parent.parent
 

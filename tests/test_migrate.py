@@ -7,7 +7,7 @@ from typing import Any
 from pytest_django.fixtures import Settings as SettingsWrapper
 
 from django_mongolock import conf, locks
-from django_mongolock.store import (
+from django_mongolock.queries import (
     AUDIT_KEY_INDEX,
     AUDIT_TTL_INDEX,
     KEY_INDEX,

@@ -14,7 +14,7 @@ from django_mongolock.exitcodes import (
     EXIT_NO_LOCK,
     EXIT_OK,
 )
-from django_mongolock.store import Order
+from django_mongolock.info import Order
 
 __all__ = [
     "EPILOG",

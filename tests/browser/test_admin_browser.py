@@ -13,7 +13,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 
 from django_mongolock import LockManager
-from django_mongolock.store import process_of
+from django_mongolock.info import process_of
 from tests.browser.conftest import new_page
 from tests.test_admin import put
 

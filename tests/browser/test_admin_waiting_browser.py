@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from django_mongolock import LockManager
-from django_mongolock.store import process_of
+from django_mongolock.info import process_of
 from tests.browser import test_admin_browser as base
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockManager
+from django_mongolock.info import LockInfo
 from django_mongolock.signals import lock_lost
-from django_mongolock.store import LockInfo
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import (
     REPORT,

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.exitcodes import EXIT_CHECK_FAILED, EXIT_ERROR
-from django_mongolock.store import AUDIT_KEY_INDEX, AUDIT_TTL_INDEX, PROCESS_TTL_INDEX
+from django_mongolock.queries import AUDIT_KEY_INDEX, AUDIT_TTL_INDEX, PROCESS_TTL_INDEX
 from django_mongolock.terminal import printable
 
 # The heartbeat and audit collections' indexes, by name: the collection they belong to.

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.exitcodes import EXIT_ERROR, EXIT_HOLDER_ALIVE, EXIT_NO_LOCK
+from django_mongolock.info import AuditEntry, LockInfo, Order, State
 from django_mongolock.management.arguments import (
     EPILOG,
     HISTORY,
@@ -25,7 +26,6 @@ from django_mongolock.management.arguments import (
     add_subcommands,
 )
 from django_mongolock.manager import LockManager
-from django_mongolock.store import AuditEntry, LockInfo, Order, State
 from django_mongolock.terminal import age, liveness, printable, relative, timestamp, who
 from django_mongolock.validation import validate_key
 
