@@ -8,9 +8,10 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django_mongolock import clock
+from django_mongolock.astore import AsyncLockStore
 from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.notices import get_notices
@@ -18,12 +19,23 @@ from django_mongolock.signals import calls, lock_lost, lock_released, send_safel
 from django_mongolock.store import LockInfo, LockStore
 from django_mongolock.validation import validate_ttl
 
-if TYPE_CHECKING:
-    from django_mongolock.manager import LockManager
-
-__all__ = ["Lock"]
+__all__ = ["Lock", "LockBackend"]
 
 logger = logging.getLogger("django_mongolock.lock")
+
+
+class LockBackend(Protocol):
+    """What a handle needs of whoever gave it out (a ``LockManager``): the stores its
+    refreshes and releases go through, and a word when it is released. The backend is
+    also the ``sender`` of the handle's signals.
+    """
+
+    @property
+    def store(self) -> LockStore: ...
+
+    async def astore(self) -> AsyncLockStore: ...
+
+    def on_release(self, lock: Lock) -> None: ...
 
 
 class Lock:
@@ -47,11 +59,11 @@ class Lock:
         "_loss",
         "_lost",
         "_lost_event",
-        "_manager",
         "_mutex",
         "_pid",
         "_released",
         "acquired_at",
+        "backend",
         "key",
         "on_lost",
         "owner",
@@ -63,14 +75,14 @@ class Lock:
 
     def __init__(
         self,
-        manager: LockManager,
+        backend: LockBackend,
         info: LockInfo,
         sent_at: float,
         *,
         on_lost: Callable[[Lock], object] | None = None,
         refresh: bool = False,
     ) -> None:
-        self._manager = manager
+        self.backend = backend
         self.shared: bool = info.shared
         self.key: str = info.key
         self.owner: str = info.owner
@@ -206,11 +218,11 @@ class Lock:
         self._check_refreshable()
         sent_at = clock.now()
         self._shorten(lease, sent_at)
-        store = self._manager.store
+        store = self.backend.store
         info = store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
             reason = "its lease ended or it was released by somebody else"
-            self._mark_lost(reason)
+            self.mark_lost(reason)
             raise LockLost(self.key, self.owner, self.token, reason)
         if not self._extend(info, sent_at):
             # Its deadline passed while the refresh was on its way: the loss was already
@@ -228,9 +240,9 @@ class Lock:
         """
         if self._drop_hold():
             return not self._lost
-        if not self._take_release():
+        if not self.take_release():
             return False
-        held = self._manager.store.release(self.key, self.owner, self.token, shared=self.shared)
+        held = self.backend.store.release(self.key, self.owner, self.token, shared=self.shared)
         self._released_by_holder(held)
         return held
 
@@ -240,11 +252,11 @@ class Lock:
         self._check_refreshable()
         sent_at = clock.now()
         self._shorten(lease, sent_at)
-        store = await self._manager._astore()
+        store = await self.backend.astore()
         info = await store.refresh(self.key, self.owner, self.token, lease, shared=self.shared)
         if info is None:
             reason = "its lease ended or it was released by somebody else"
-            self._mark_lost(reason)
+            self.mark_lost(reason)
             raise LockLost(self.key, self.owner, self.token, reason)
         if not self._extend(info, sent_at):
             await store.release(self.key, self.owner, self.token, shared=self.shared)
@@ -255,9 +267,9 @@ class Lock:
         """``release`` through the async client, without blocking the event loop."""
         if self._drop_hold():
             return not self._lost
-        if not self._take_release():
+        if not self.take_release():
             return False
-        store = await self._manager._astore()
+        store = await self.backend.astore()
         held = await store.release(self.key, self.owner, self.token, shared=self.shared)
         self._released_by_holder(held)
         return held
@@ -280,7 +292,7 @@ class Lock:
 
     @property
     def store(self) -> LockStore:
-        return self._manager.store
+        return self.backend.store
 
     @property
     def deadline(self) -> float:
@@ -317,7 +329,7 @@ class Lock:
             except Exception:
                 logger.exception("a loss hook of lock %r failed", self.key)
 
-    def _add_hold(self) -> bool:
+    def add_hold(self) -> bool:
         """One more reentrant acquisition of this handle; False if it is no longer valid."""
         with self._mutex:
             if self._lost or self._released or self._pid != os.getpid():
@@ -335,7 +347,7 @@ class Lock:
             self._holds -= 1
             return True
 
-    def _renew(self, sent_at: float) -> bool:
+    def renewed(self, sent_at: float) -> bool:
         """Extend by the lease after a bulk refresh sent at ``sent_at``; False if lost meanwhile.
 
         The lease is read here, not when the refresh was sent: a ``refresh(ttl=shorter)``
@@ -360,12 +372,12 @@ class Lock:
             raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
 
     def _released_by_holder(self, held: bool) -> None:
-        self._manager._released(self, held)
-        send_safely(lock_released, self._manager, lock=self, held=held)
+        self.backend.on_release(self)
+        send_safely(lock_released, self.backend, lock=self, held=held)
         if not held and not self._lost:
-            self._mark_lost("its lease had ended or it was released by somebody else")
+            self.mark_lost("its lease had ended or it was released by somebody else")
 
-    def _take_release(self) -> bool:
+    def take_release(self) -> bool:
         """Mark released once, in the holder's process only; False if that was done already."""
         if self._pid != os.getpid():
             return False  # before the mutex: a fork may have copied it locked
@@ -407,7 +419,7 @@ class Lock:
             self._deadline = deadline
         get_deadlines().watch(self)
 
-    def _mark_lost(self, reason: str, *, inline: bool = True) -> bool:
+    def mark_lost(self, reason: str, *, inline: bool = True) -> bool:
         """Set ``lost``, then tell everybody (signal, ``on_lost``) once; False if lost before.
 
         The event comes first so that protected code waiting on it learns at once, not
@@ -436,7 +448,7 @@ class Lock:
         """Post the notices, each apart: ``on_lost`` first (it demotes an election), then
         one per ``lock_lost`` receiver, so that none waits behind another that blocks."""
         logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
-        receivers = calls(lock_lost, self._manager, lock=self, reason=reason)
+        receivers = calls(lock_lost, self.backend, lock=self, reason=reason)
         get_notices().post_all(receivers, urgent=[self._call_on_lost])
         get_deadlines().kick()
 
@@ -444,7 +456,7 @@ class Lock:
         """Log, call ``on_lost`` and send ``lock_lost`` here: a failing one stops none."""
         logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
         self._call_on_lost()
-        send_safely(lock_lost, self._manager, lock=self, reason=reason)
+        send_safely(lock_lost, self.backend, lock=self, reason=reason)
 
     def _call_on_lost(self) -> None:
         if self.on_lost is not None:

@@ -24,19 +24,15 @@ import os
 import threading
 import weakref
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 import pymongo
 
 from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
-from django_mongolock.store import process_of
+from django_mongolock.store import LockStore, process_of
 
-if TYPE_CHECKING:
-    from django_mongolock.lock import Lock
-    from django_mongolock.store import LockStore
-
-__all__ = ["Refresher", "get_refresher", "install", "shutdown"]
+__all__ = ["Campaign", "Lease", "Refresher", "StoreSource", "get_refresher", "install", "shutdown"]
 
 logger = logging.getLogger("django_mongolock.refresher")
 
@@ -52,10 +48,57 @@ IDLE_END = 5.0
 MIN_WRITE_TIME = 0.05
 
 
-class Campaign(Protocol):
-    """What a lane needs of an election: its lease and one attempt to lead."""
+class StoreSource(Protocol):
+    """Whose leases share a lane (a ``LockManager``): the store of this process, which
+    raises MongoLockError once the source is closed."""
 
-    ttl: float
+    @property
+    def store(self) -> LockStore: ...
+
+
+class Lease(Protocol):
+    """What a lane needs of a held lock (a ``Lock``): who holds what, until when, and the
+    few transitions the refresher makes (renewed, lost, released at exit)."""
+
+    @property
+    def backend(self) -> StoreSource: ...
+    @property
+    def store(self) -> LockStore: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def shared(self) -> bool: ...
+    @property
+    def refreshable(self) -> bool: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def over(self) -> bool: ...
+    @property
+    def released(self) -> bool: ...
+
+    def renewed(self, sent_at: float) -> bool: ...
+
+    def mark_lost(self, reason: str, *, inline: bool = True) -> bool: ...
+
+    def take_release(self) -> bool: ...
+
+
+class Campaign(Protocol):
+    """What a lane needs of an election: its source, its lease and one attempt to lead."""
+
+    @property
+    def backend(self) -> StoreSource: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
 
     def campaign(self) -> None: ...
 
@@ -69,7 +112,7 @@ class Refresher:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._lanes: dict[Any, _Lane] = {}
+        self._lanes: dict[StoreSource, _Lane] = {}
         self._mutex = threading.Lock()
         self._stopping = False
         self.restarts = 0
@@ -93,33 +136,33 @@ class Refresher:
         """When the next tick of any lane is due (infinity while nothing is kept)."""
         return min((lane.due for lane in self._lanes_now()), default=math.inf)
 
-    def lane_of(self, manager: object) -> _Lane | None:
+    def lane_of(self, manager: StoreSource) -> _Lane | None:
         with self._mutex:
             return self._lanes.get(manager)
 
-    def register(self, lock: Lock) -> None:
+    def register(self, lock: Lease) -> None:
         """Keep ``lock`` alive from now on; starts its manager's lane on first need."""
         # A lane that retired between the lookup and the add refuses: take the new one.
-        while (lane := self._lane(lock._manager)) is not None and not lane.add(lock):
+        while (lane := self._lane(lock.backend)) is not None and not lane.add(lock):
             pass
 
-    def unregister(self, lock: Lock) -> None:
-        lane = self.lane_of(lock._manager)
+    def unregister(self, lock: Lease) -> None:
+        lane = self.lane_of(lock.backend)
         if lane is not None:
             lane.discard(lock)
 
     def add_election(self, election: Campaign) -> None:
         """Campaign for ``election`` on every tick of its manager's lane (the first at once)."""
-        manager = election._manager  # type: ignore[attr-defined]
+        manager = election.backend
         while (lane := self._lane(manager)) is not None and not lane.add_election(election):
             pass
 
     def remove_election(self, election: Campaign) -> None:
-        lane = self.lane_of(election._manager)  # type: ignore[attr-defined]
+        lane = self.lane_of(election.backend)
         if lane is not None:
             lane.remove_election(election)
 
-    def held(self) -> list[Lock]:
+    def held(self) -> list[Lease]:
         return [lk for lane in self._lanes_now() for lk in lane.held()]
 
     def stop(self, timeout: float = EXIT_TIMEOUT) -> None:
@@ -140,13 +183,13 @@ class Refresher:
 
     def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
         """Release every lock still held, one write per collection, within ``timeout``."""
-        groups: dict[LockStore, list[Lock]] = defaultdict(list)
+        groups: dict[LockStore, list[Lease]] = defaultdict(list)
         for lock in self.held():
             try:
                 store = lock.store
             except MongoLockError:
                 continue  # its manager was closed: the lease lapses by itself
-            if lock._take_release():
+            if lock.take_release():
                 groups[store].append(lock)
         released = 0
         for store, group in groups.items():
@@ -164,7 +207,7 @@ class Refresher:
 
     # -- lanes -------------------------------------------------------------------------------
 
-    def _lane(self, manager: object) -> _Lane | None:
+    def _lane(self, manager: StoreSource) -> _Lane | None:
         with self._mutex:
             if self._stopping:
                 return None
@@ -192,10 +235,10 @@ class Refresher:
 class _Lane:
     """The thread that refreshes the leases of one manager and runs its elections."""
 
-    def __init__(self, refresher: Refresher, manager: object) -> None:
+    def __init__(self, refresher: Refresher, manager: StoreSource) -> None:
         self.refresher = refresher
         self.manager = manager
-        self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+        self._locks: weakref.WeakSet[Lease] = weakref.WeakSet()
         # Elections campaign until stopped, so they are held strongly, like a thread.
         self._elections: set[Campaign] = set()
         self._cond = threading.Condition()
@@ -219,7 +262,7 @@ class _Lane:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def add(self, lock: Lock) -> bool:
+    def add(self, lock: Lease) -> bool:
         """Keep ``lock``; False if this lane has retired (the refresher has a new one)."""
         with self._cond:
             if self._retired:
@@ -228,7 +271,7 @@ class _Lane:
             self._schedule(clock.now() + _interval(lock.ttl))
             return True
 
-    def discard(self, lock: Lock) -> None:
+    def discard(self, lock: Lease) -> None:
         with self._cond:
             self._locks.discard(lock)
 
@@ -244,7 +287,7 @@ class _Lane:
         with self._cond:
             self._elections.discard(election)
 
-    def held(self) -> list[Lock]:
+    def held(self) -> list[Lease]:
         with self._cond:
             return [lk for lk in self._locks if not lk.over]
 
@@ -355,16 +398,15 @@ class _Lane:
             try:
                 election.campaign()
             except Exception:  # one election must not stop the others, nor the thread
-                logger.exception("campaign for %r failed", getattr(election, "key", election))
+                logger.exception("campaign for %r failed", election.key)
 
-    def _refresh(self, locks: list[Lock], shortest: float) -> float:
+    def _refresh(self, locks: list[Lease], shortest: float) -> float:
         """One write for ``locks``; mark the refused ones lost; when to tick again."""
-        manager: Any = self.manager
         try:
-            store: LockStore = manager.store
+            store = self.manager.store
         except MongoLockError:
             for lock in locks:
-                lock._mark_lost("its LockManager was closed", inline=False)
+                lock.mark_lost("its LockManager was closed", inline=False)
             with self._cond:
                 for lock in locks:
                     self._locks.discard(lock)
@@ -393,26 +435,26 @@ class _Lane:
         if self._unreachable:
             logger.warning("refreshing locks again")
             self._unreachable = False
-        lost: list[Lock] = []
-        lapsed: list[Lock] = []
+        lost: list[Lease] = []
+        lapsed: list[Lease] = []
         for lock in locks:
             if gone and lock.owner in gone:
-                if not lock._released:  # released while this tick ran: not lost
+                if not lock.released:  # released while this tick ran: not lost
                     lost.append(lock)
             # Extended by its ttl at a server time after sent_at.
-            elif not lock._renew(sent_at) and not lock._released:
+            elif not lock.renewed(sent_at) and not lock.released:
                 lapsed.append(lock)
         if lost or lapsed:
             with self._cond:
                 for lock in lost + lapsed:
                     self._locks.discard(lock)
         for lock in lost:
-            lock._mark_lost(_NOT_EXTENDED, inline=False)
+            lock.mark_lost(_NOT_EXTENDED, inline=False)
         if lapsed:
             self._give_back(store, lapsed)
         return math.inf
 
-    def _heartbeat(self, locks: list[Lock], interval: float) -> None:
+    def _heartbeat(self, locks: list[Lease], interval: float) -> None:
         """Tell the server the holders' process is alive: one write, never in the way.
 
         Bounded by the tick interval, skipped while the server is unreachable, and a
@@ -421,7 +463,7 @@ class _Lane:
         if self._unreachable:
             return
         try:
-            store: LockStore = self.manager.store  # type: ignore[attr-defined]
+            store = self.manager.store
             # Half an interval at most: the next tick's refresh must not wait on it.
             with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
                 store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
@@ -432,7 +474,7 @@ class _Lane:
             return
         self._silent = False
 
-    def _give_back(self, store: LockStore, lapsed: list[Lock]) -> None:
+    def _give_back(self, store: LockStore, lapsed: list[Lease]) -> None:
         """Release leases the server extended after their holders were told they lost them."""
         try:
             with pymongo.timeout(max(MIN_WRITE_TIME, min(lk.ttl for lk in lapsed))):
