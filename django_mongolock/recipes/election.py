@@ -1,13 +1,8 @@
-"""Beyond the mutex: semaphores, lock groups and leader election, built on a lock source.
+"""Leader election: an exclusive lock the refresher keeps campaigning for, then keeps alive.
 
-Each recipe is handed its source (a ``LockManager``) and uses only its public calls and
-the acquire of ``acquiring.py``; none imports the manager.
-
-A semaphore is a shared lock with a limit; a group takes several exclusive locks in one
-global order; an election is an exclusive lock that the refresher thread keeps trying to
-take (campaigning) and keeps alive once taken. The only thread they add is an election's
-callback worker: it runs that election's callbacks one after another, in the order of the
-events, outside the refresher's tick, and exits when it has nothing left to run.
+The only thread it adds is an election's callback worker: it runs that election's
+callbacks one after another, in the order of the events, outside the refresher's tick,
+and exits when it has nothing left to run.
 """
 
 from __future__ import annotations
@@ -15,216 +10,20 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
 
-from django_mongolock import acquiring, clock
-from django_mongolock.acquirer import Request
-from django_mongolock.context import LockContext
+from django_mongolock import acquiring
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.lock import Lock
+from django_mongolock.recipes.source import LockSource, tagged_request
 from django_mongolock.refresher import get_refresher
-from django_mongolock.store import Holder
-from django_mongolock.validation import (
-    check_callback,
-    validate_keep,
-    validate_key,
-    validate_timeout,
-    validate_ttl,
-)
+from django_mongolock.validation import check_callback, validate_key, validate_ttl
 
-__all__ = ["Election", "LockGroup", "LockSource", "Semaphore", "check_callback"]
+__all__ = ["Election"]
 
 logger = logging.getLogger("django_mongolock.primitives")
-
-
-class LockSource(acquiring.Source, Protocol):
-    """What the recipes need of a ``LockManager``: its defaults and its public calls."""
-
-    @property
-    def ttl(self) -> float: ...
-    @property
-    def refresh(self) -> bool: ...
-
-    def new_owner(self) -> str: ...
-
-    def acquire(
-        self,
-        key: str,
-        *,
-        ttl: float | None = ...,
-        blocking: bool = ...,
-        timeout: float | None = ...,
-        shared: bool = ...,
-        limit: int | None = ...,
-        on_lost: Callable[[Lock], object] | None = ...,
-        refresh: bool | None = ...,
-    ) -> Lock: ...
-
-    def lock(
-        self,
-        key: str,
-        *,
-        ttl: float | None = ...,
-        blocking: bool = ...,
-        timeout: float | None = ...,
-        shared: bool = ...,
-        limit: int | None = ...,
-    ) -> LockContext: ...
-
-    def leader(self, key: str) -> str | None: ...
-
-
-def _request(source: LockSource, key: str, ttl: float | None, tag: str, value: str) -> Request:
-    """An exclusive request of a recipe, tagged with what it belongs to (shown to operators)."""
-    lease = source.ttl if ttl is None else validate_ttl(ttl)
-    return Request(validate_key(key), source.new_owner(), lease, tags={tag: value})
-
-
-class Semaphore:
-    """At most ``limit`` holders of ``key`` at once, each with its own lease and token.
-
-    Holders are shared leases of the key, so the same waiting, refreshing, fencing and
-    loss detection apply as to any lock. Build it at import time if you like: it
-    touches no server until ``acquire``.
-    """
-
-    def __init__(
-        self, manager: LockSource, key: str, limit: int, *, ttl: float | None = None
-    ) -> None:
-        self.key = validate_key(key)
-        if type(limit) is not int:
-            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        self.limit = limit
-        self.ttl = None if ttl is None else validate_ttl(ttl)
-        self._manager = manager
-
-    def __repr__(self) -> str:
-        return f"<Semaphore {self.key!r} limit={self.limit}>"
-
-    def acquire(
-        self,
-        *,
-        blocking: bool = True,
-        timeout: float | None = None,
-        ttl: float | None = None,
-        on_lost: Callable[[Lock], object] | None = None,
-        refresh: bool | None = None,
-    ) -> Lock:
-        """Take one of the ``limit`` slots (a shared lease); LockNotAcquired when all are taken."""
-        return self._manager.acquire(
-            self.key,
-            ttl=self.ttl if ttl is None else ttl,
-            blocking=blocking,
-            timeout=timeout,
-            shared=True,
-            limit=self.limit,
-            on_lost=on_lost,
-            refresh=refresh,
-        )
-
-    def lock(
-        self, *, blocking: bool = True, timeout: float | None = None, ttl: float | None = None
-    ) -> LockContext:
-        """``with sem.lock():`` takes a slot on entry and gives it back on exit."""
-        return self._manager.lock(
-            self.key,
-            ttl=self.ttl if ttl is None else ttl,
-            blocking=blocking,
-            timeout=timeout,
-            shared=True,
-            limit=self.limit,
-        )
-
-    def holders(self) -> tuple[Holder, ...]:
-        """The live holders right now (by the server's clock)."""
-        info = self._manager.store.find(self.key)
-        return () if info is None else info.live_holders
-
-
-class LockGroup:
-    """Several exclusive locks taken all or nothing under one group id, released together."""
-
-    def __init__(self, group_id: str, locks: Iterable[Lock]) -> None:
-        self.group_id = group_id
-        self.locks: dict[str, Lock] = {lock.key: lock for lock in locks}
-
-    def __repr__(self) -> str:
-        return f"<LockGroup {self.group_id} keys={list(self.locks)}>"
-
-    @property
-    def tokens(self) -> dict[str, int]:
-        """The fencing token of each key."""
-        return {key: lock.token for key, lock in self.locks.items()}
-
-    @property
-    def valid(self) -> bool:
-        """True while every lock of the group is held."""
-        return all(lock.valid for lock in self.locks.values())
-
-    def refresh(self, ttl: float | None = None) -> LockGroup:
-        """Extend every lease of the group (LockLost if any of them is gone)."""
-        for lock in self.locks.values():
-            lock.refresh(ttl)
-        return self
-
-    def release(self) -> bool:
-        """Release every lock; True if all of them were still held."""
-        results = [lock.release() for lock in reversed(list(self.locks.values()))]
-        return all(results)
-
-    def __enter__(self) -> LockGroup:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    @classmethod
-    def acquire(
-        cls,
-        manager: LockSource,
-        keys: Iterable[str],
-        *,
-        ttl: float | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        refresh: bool | None = None,
-    ) -> LockGroup:
-        if isinstance(keys, str | bytes):
-            raise TypeError("keys must be an iterable of keys, not a single key")
-        ordered = sorted({validate_key(key) for key in keys})
-        if not ordered:
-            raise ValueError("a lock group needs at least one key")
-        if ttl is not None:
-            validate_ttl(ttl)
-        wait = validate_timeout(timeout, blocking=blocking)
-        keep = validate_keep(refresh, manager.refresh)
-        group_id = secrets.token_hex(8)
-        deadline = None if wait is None else clock.now() + wait
-        taken: list[Lock] = []
-        try:
-            for key in ordered:
-                left = None if deadline is None else max(0.0, deadline - clock.now())
-                request = _request(manager, key, ttl, "group", group_id)
-                taken.append(acquiring.acquire(manager, request, left, keep, None))
-        except BaseException:
-            for lock in reversed(taken):
-                try:
-                    lock.release()
-                except MongoLockError:
-                    logger.warning("could not release %r after a failed group", lock.key)
-            raise
-        return cls(group_id, taken)
 
 
 class Election:
@@ -338,7 +137,7 @@ class Election:
     def _campaign(self) -> None:
         if not self._active.is_set() or self.is_leader:
             return
-        request = _request(self._manager, self.key, self.ttl, "kind", "election")
+        request = tagged_request(self._manager, self.key, self.ttl, "kind", "election")
         try:
             # No lock_acquired here: receivers are user code, and this runs on the
             # refresher's thread. The election's worker sends it, then calls on_elected.
