@@ -263,7 +263,10 @@ class LockManager(Operations):
     ) -> LockContext:
         """A context manager that acquires ``key`` on entry and releases it on exit.
 
-        ``cancel_on_loss`` works with ``async with`` only (see ``alock``).
+        ``with`` acquires and releases; ``async with`` (also spelled ``alock()``) does the
+        same through ``aacquire`` and ``arelease``. ``cancel_on_loss=True`` works with
+        ``async with`` only: it cancels the task running the block the moment the lock is
+        lost, and the block then ends with LockLost (see ``docs/locks.md``).
         """
         self._check(key, ttl, blocking, timeout, shared, limit, refresh)
         check_callback("on_lost", on_lost)
@@ -284,38 +287,8 @@ class LockManager(Operations):
         context.cancel_on_loss = cancel_on_loss
         return context
 
-    def alock(
-        self,
-        key: str,
-        *,
-        ttl: float | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        shared: bool = False,
-        limit: int | None = None,
-        on_lost: Callable[[Lock], object] | None = None,
-        refresh: bool | None = None,
-        reentrant: bool = False,
-        cancel_on_loss: bool = False,
-    ) -> LockContext:
-        """``async with manager.alock(key) as lk:``: ``aacquire`` on entry, release on exit.
-
-        The same context as ``lock()``, which works with ``with`` and ``async with``.
-        ``cancel_on_loss=True`` cancels the task running the block the moment the lock
-        is lost; the ``async with`` then raises LockLost (see ``docs/locks.md``).
-        """
-        return self.lock(
-            key,
-            ttl=ttl,
-            blocking=blocking,
-            timeout=timeout,
-            shared=shared,
-            limit=limit,
-            on_lost=on_lost,
-            refresh=refresh,
-            reentrant=reentrant,
-            cancel_on_loss=cancel_on_loss,
-        )
+    # The same context: ``async with manager.alock(key)`` reads better in async code.
+    alock = lock
 
     def semaphore(self, key: str, limit: int, *, ttl: float | None = None) -> Semaphore:
         """At most ``limit`` holders of ``key`` at once; each gets its own lease and token."""
