@@ -1,5 +1,8 @@
 """The wait plan of one acquisition, without I/O: what to ask for, when to ask again, when to stop.
 
+Every time is given by the caller (``clock.now()``'s scale), so the plan can be
+followed step by step without a server or a clock.
+
 The sync and the async acquire loops (``acquiring.py``) differ only in how they send an
 attempt and how they sleep; every decision between two attempts is made here, once:
 how long to sleep (a release wakes the waiter, or the holder's lease ends, or a
@@ -81,13 +84,13 @@ class WaitPlan:
         self._deadline = None if limit is None else sent_at + limit
         self._attempt = 0
 
-    def wake_at(self, stream_since: float | None) -> float | None:
+    def wake_at(self, stream_since: float | None, now: float) -> float | None:
         """When to try again, given since when the change stream has been healthy."""
         wanted, self._attempt = next_delay(self.info, stream_since, self.sent_at, self._attempt)
         if self._deadline is None:
-            return clock.now() + wanted
-        left = self._deadline - clock.now()
-        return None if left <= 0 else clock.now() + min(wanted, left)
+            return now + wanted
+        left = self._deadline - now
+        return None if left <= 0 else now + min(wanted, left)
 
     def woken(self, count: int) -> bool:
         """Whether ``count`` releases seen so far are enough to try: one per waiter ahead,
@@ -104,19 +107,19 @@ class WaitPlan:
         return count - self.seen >= needed
 
     @staticmethod
-    def behind(wake_at: float) -> float:
+    def behind(wake_at: float, now: float) -> float:
         """A release a waiter ahead takes; if that waiter is gone, its place lapses within
         the grace period: look again by then."""
-        return min(wake_at, clock.now() + BEHIND_IN_LINE)
+        return min(wake_at, now + BEHIND_IN_LINE)
 
     def answered(self, sent_at: float, info: LockInfo, seen: int) -> LockInfo | None:
         """Take the answer to an attempt sent at ``sent_at``: the lease, if it is ours."""
         self.sent_at, self.info, self.seen = sent_at, info, seen
         return self.request.taken(info)
 
-    def busy(self) -> LockNotAcquired:
+    def busy(self, now: float) -> LockNotAcquired:
         """The error of a wait that timed out: who holds the key, how long it waited."""
-        return busy(self.info, waited=clock.now() - self._started)
+        return busy(self.info, waited=now - self._started)
 
 
 def next_delay(
@@ -142,14 +145,14 @@ def next_delay(
     return delay, min(attempt + 1, 16)
 
 
-def late(sent_at: float, mine: LockInfo) -> bool:
+def late(sent_at: float, mine: LockInfo, now: float) -> bool:
     """Whether less than half the lease is left by the holder's bound (sent + lease - margin).
 
     The answer came so late (server selection during an outage) that the lease, bounded
     from when the request was sent, has nearly ended by the holder's clock: the loops
     then bound it again from a refresh sent on the connection now ready.
     """
-    left = sent_at + mine.remaining - clock.margin(mine.ttl) - clock.now()
+    left = sent_at + mine.remaining - clock.margin(mine.ttl) - now
     return left < mine.ttl / 2
 
 

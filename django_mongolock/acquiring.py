@@ -78,7 +78,7 @@ def acquire(
                 if not isinstance(exc, MongoLockError):
                     _abandon(store, request)
                 raise
-    if late(sent_at, mine):
+    if late(sent_at, mine, clock.now()):
         sent_at = clock.now()
         confirmed = store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -95,16 +95,16 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
     watcher = source.watcher
     watcher.ensure_running()
     while True:
-        wake_at = plan.wake_at(watcher.healthy_since())
+        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
         if wake_at is None:
             with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
                 store.leave_queue(plan.request.key, plan.request.owner)
-            raise plan.busy()
+            raise plan.busy(clock.now())
         while (left := wake_at - clock.now()) > 0 and wake.wait(left):
             if plan.woken(wake.count):
                 break
             wake.clear()
-            wake_at = plan.behind(wake_at)
+            wake_at = plan.behind(wake_at, clock.now())
         wake.clear()
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
@@ -144,7 +144,7 @@ async def aacquire(
                 if not isinstance(exc, MongoLockError | GeneratorExit):
                     await _leave_line(store, request)
                 raise
-    if late(sent_at, mine):  # see acquire
+    if late(sent_at, mine, clock.now()):  # see acquire
         sent_at = clock.now()
         confirmed = await store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -162,10 +162,10 @@ async def _await(
     watcher = source.watcher
     watcher.ensure_running()
     while True:
-        wake_at = plan.wake_at(watcher.healthy_since())
+        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
         if wake_at is None:
             await _leave_line(store, plan.request)
-            raise plan.busy()
+            raise plan.busy(clock.now())
         while (left := wake_at - clock.now()) > 0:
             try:
                 await asyncio.wait_for(wake.wait(), left)
@@ -174,7 +174,7 @@ async def _await(
             if plan.woken(wake.count):
                 break
             wake.clear()
-            wake_at = plan.behind(wake_at)
+            wake_at = plan.behind(wake_at, clock.now())
         wake.clear()
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
