@@ -146,14 +146,18 @@ def next_delay(
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:
-    """Whether less than half the lease is left by the holder's bound (sent + lease - margin).
+    """Whether the answer was held up so long that less than half the lease is left by the
+    holder's bound (sent + lease - margin).
 
     The answer came so late (server selection during an outage) that the lease, bounded
     from when the request was sent, has nearly ended by the holder's clock: the loops
-    then bound it again from a refresh sent on the connection now ready.
+    then bound it again from a refresh sent on the connection now ready. A round trip
+    within the minimum margin is a normal answer, even for a lease of milliseconds that
+    it mostly uses up: a refresh would take as long, and an uncontended acquire is one
+    round trip.
     """
     left = sent_at + mine.remaining - clock.margin(mine.ttl) - now
-    return left < mine.ttl / 2
+    return now - sent_at > clock.MIN_MARGIN and left < mine.ttl / 2
 
 
 def busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:

@@ -8,7 +8,9 @@ from django_mongolock.acquirer import BEHIND_IN_LINE, Request, WaitPlan, late
 from django_mongolock.store import LockInfo
 
 
-def _info(*, remaining: float, position: int = 0, owner: str = "holder") -> LockInfo:
+def _info(
+    *, remaining: float, position: int = 0, owner: str = "holder", ttl: float = 30.0
+) -> LockInfo:
     now = datetime.now(UTC)
     return LockInfo(
         key="k",
@@ -17,7 +19,7 @@ def _info(*, remaining: float, position: int = 0, owner: str = "holder") -> Lock
         acquired_at=now - timedelta(seconds=1),
         refreshed_at=now - timedelta(seconds=1),
         expires_at=now + timedelta(seconds=remaining),
-        ttl=30.0,
+        ttl=ttl,
         now=now,
         position=position,
     )
@@ -74,3 +76,12 @@ def test_a_lease_answered_late_is_bounded_again() -> None:
     mine = _info(remaining=30.0)
     assert not late(100.0, mine, now=100.5)
     assert late(100.0, mine, now=120.0)
+    # A lease of moments answered after a held-up request is bounded again too.
+    assert late(100.0, _info(remaining=0.5, ttl=0.5), now=100.3)
+
+
+def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
+    """A round trip of a few milliseconds uses up most of a lease of a few milliseconds:
+    a refresh would take as long, and an uncontended acquire is one round trip."""
+    assert not late(100.0, _info(remaining=0.004, ttl=0.004), now=100.003)
+    assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
