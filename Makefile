@@ -41,6 +41,7 @@ $(STAMP): pyproject.toml
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo --no-cache
 
 typecheck: venv
 	$(BIN)/mypy django_mongolock testproject tests benchmarks

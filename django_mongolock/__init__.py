@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any, Final
 
-from django_mongolock.context import current_lock
+from django_mongolock.context import LockContext, current_lock
 from django_mongolock.decorators import BUSY_EXIT_CODE, LOST_EXIT_CODE, locked
 from django_mongolock.exceptions import (
     ConfigurationError,
@@ -21,8 +21,8 @@ from django_mongolock.exceptions import (
 )
 from django_mongolock.info import Holder, LockInfo
 from django_mongolock.lock import Lock
-from django_mongolock.manager import LockContext, LockManager
-from django_mongolock.primitives import Election, LockGroup, Semaphore
+from django_mongolock.manager import LockManager
+from django_mongolock.recipes import Election, LockGroup, Semaphore
 
 
 def _installed_version(distribution: str) -> str:

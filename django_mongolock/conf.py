@@ -20,8 +20,9 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from django_mongolock.connection import DEFAULT_URL
 from django_mongolock.exceptions import ConfigurationError
-from django_mongolock.manager import DEFAULT_URL, LockManager
+from django_mongolock.manager import LockManager
 from django_mongolock.problems import (
     CREDENTIALS_CONFLICT,
     NOT_A_DICT,

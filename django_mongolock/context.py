@@ -14,17 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import Any, Protocol
 
-from django_mongolock.exceptions import LockLost
+from django_mongolock.exceptions import LockLost, MongoLockError
+from django_mongolock.lock import Lock
 
-if TYPE_CHECKING:
-    from django_mongolock.lock import Lock
+__all__ = ["CancelOnLoss", "LockContext", "current_lock", "holding"]
 
-__all__ = ["CancelOnLoss", "current_lock", "holding"]
+logger = logging.getLogger("django_mongolock.manager")
+
+
+class _Acquires(Protocol):
+    """Whoever a lock context takes its lock from (a ``LockManager``)."""
+
+    def acquire(self, key: str, *args: Any, **kwargs: Any) -> Lock: ...
+
+    async def aacquire(self, key: str, *args: Any, **kwargs: Any) -> Lock: ...
+
 
 # A tuple, never mutated: nested @locked calls push a new tuple, so a context copied
 # into another thread or task cannot be changed under it.
@@ -100,3 +111,74 @@ class CancelOnLoss:
         except LockLost as lost:
             return lost
         return LockLost(self._lock.key, self._lock.owner, self._lock.token, "it was lost")
+
+
+class LockContext:
+    """``with manager.lock(key) as lk:`` (or ``async with``): acquire on entry, release on exit.
+
+    Leaving the block after the lock was lost does not raise: the loss was already
+    signalled (``lk.lost``, ``lock_lost``) and is logged again here; unless
+    ``cancel_on_loss`` cancelled the block, which then ends with LockLost.
+    """
+
+    __slots__ = ("_guard", "_kwargs", "_lock", "_manager", "cancel_on_loss", "key")
+
+    def __init__(self, manager: _Acquires, key: str, **kwargs: Any) -> None:
+        self._manager = manager
+        self.key = key
+        self._kwargs = kwargs
+        self._lock: Lock | None = None
+        self.cancel_on_loss = False
+        self._guard: CancelOnLoss | None = None
+
+    def __enter__(self) -> Lock:
+        if self._lock is not None:
+            raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        if self.cancel_on_loss:
+            raise TypeError(
+                f"cancel_on_loss cancels an asyncio task: use 'async with' for {self.key!r}, "
+                "or lk.check() and lk.lost in sync code"
+            )
+        self._lock = self._manager.acquire(self.key, **self._kwargs)
+        return self._lock
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> Lock:
+        if self._lock is not None:
+            raise RuntimeError(f"the lock context for {self.key!r} is already entered")
+        if self.cancel_on_loss and asyncio.current_task() is None:
+            raise RuntimeError("cancel_on_loss needs to run in an asyncio task")
+        lock = await self._manager.aacquire(self.key, **self._kwargs)
+        self._lock = lock
+        if self.cancel_on_loss:
+            self._guard = CancelOnLoss(lock)
+        return lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, self._lock = self._lock, None
+        guard, self._guard = self._guard, None
+        lost = None if guard is None else guard.exit(exc)
+        if lock is None:
+            return
+        if lost is None:
+            await lock.__aexit__(exc_type, exc, tb)
+            return
+        try:
+            await lock.arelease()
+        except MongoLockError as error:  # the lease ends by itself
+            logger.warning("could not release lost lock %r: %s", lock.key, error)
+        raise lost from exc

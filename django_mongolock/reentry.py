@@ -11,11 +11,11 @@ dropped when found, and when the handle is released.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from typing import TYPE_CHECKING
+import weakref
 
-if TYPE_CHECKING:
-    from django_mongolock.lock import Lock
+from django_mongolock.lock import Lock
 
 __all__ = ["Reentries", "current_holder"]
 
@@ -36,12 +36,20 @@ def current_holder(*, task: bool) -> object:
 class Reentries:
     """The reentrant handles of one manager, by holder and key; thread-safe."""
 
-    __slots__ = ("_by_holder", "_mutex", "_of_lock")
+    __slots__ = ("__weakref__", "_by_holder", "_mutex", "_of_lock")
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._by_holder: dict[tuple[object, str], Lock] = {}
         self._of_lock: dict[Lock, tuple[object, str]] = {}
+        _all.add(self)
+
+    def after_fork_in_child(self) -> None:
+        """Start empty with a new mutex: a parent's thread may have held it at the fork, and
+        the parent's handles are not this process's."""
+        self._mutex = threading.Lock()
+        self._by_holder = {}
+        self._of_lock = {}
 
     def __len__(self) -> int:
         return len(self._of_lock)
@@ -52,7 +60,7 @@ class Reentries:
             lock = self._by_holder.get((holder, key))
             if lock is None:
                 return None
-            if lock.valid and lock._add_hold():
+            if lock.valid and lock.add_hold():
                 return lock
             self._drop(lock)
             return None
@@ -77,3 +85,15 @@ class Reentries:
         where = self._of_lock.pop(lock, None)
         if where is not None and self._by_holder.get(where) is lock:
             del self._by_holder[where]
+
+
+# Every registry of this process, so that a forked child can renew them.
+_all: weakref.WeakSet[Reentries] = weakref.WeakSet()
+
+
+def _renew_in_child() -> None:
+    for reentries in list(_all):
+        reentries.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_renew_in_child)

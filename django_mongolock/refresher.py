@@ -22,42 +22,21 @@ import logging
 import math
 import os
 import threading
-import weakref
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Protocol
 
 import pymongo
 
 from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
-from django_mongolock.store import process_of
+from django_mongolock.lanes import Campaign, Lane, Lease, StoreSource
+from django_mongolock.store import LockStore
 
-if TYPE_CHECKING:
-    from django_mongolock.lock import Lock
-    from django_mongolock.store import LockStore
-
-__all__ = ["Refresher", "get_refresher", "install", "shutdown"]
+__all__ = ["Campaign", "Lease", "Refresher", "StoreSource", "get_refresher", "install", "shutdown"]
 
 logger = logging.getLogger("django_mongolock.refresher")
 
-# Never tick more often than this, whatever the shortest lease (a 1 ms lease cannot be kept).
-MIN_INTERVAL = 0.05
-# After a failed tick, try again this soon (or at the usual interval, if shorter).
-RETRY_INTERVAL = 1.0
 # How long interpreter exit may spend stopping the threads and releasing held locks.
 EXIT_TIMEOUT = 2.0
-# A lane that keeps nothing for this long ends its thread.
-IDLE_END = 5.0
-# The shortest time a refresh write is given, even when its leases are about to end.
-MIN_WRITE_TIME = 0.05
-
-
-class Campaign(Protocol):
-    """What a lane needs of an election: its lease and one attempt to lead."""
-
-    ttl: float
-
-    def campaign(self) -> None: ...
 
 
 class Refresher:
@@ -69,7 +48,7 @@ class Refresher:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._lanes: dict[Any, _Lane] = {}
+        self._lanes: dict[StoreSource, Lane] = {}
         self._mutex = threading.Lock()
         self._stopping = False
         self.restarts = 0
@@ -93,33 +72,33 @@ class Refresher:
         """When the next tick of any lane is due (infinity while nothing is kept)."""
         return min((lane.due for lane in self._lanes_now()), default=math.inf)
 
-    def lane_of(self, manager: object) -> _Lane | None:
+    def lane_of(self, manager: StoreSource) -> Lane | None:
         with self._mutex:
             return self._lanes.get(manager)
 
-    def register(self, lock: Lock) -> None:
+    def register(self, lock: Lease) -> None:
         """Keep ``lock`` alive from now on; starts its manager's lane on first need."""
         # A lane that retired between the lookup and the add refuses: take the new one.
-        while (lane := self._lane(lock._manager)) is not None and not lane.add(lock):
+        while (lane := self._lane(lock.backend)) is not None and not lane.add(lock):
             pass
 
-    def unregister(self, lock: Lock) -> None:
-        lane = self.lane_of(lock._manager)
+    def unregister(self, lock: Lease) -> None:
+        lane = self.lane_of(lock.backend)
         if lane is not None:
             lane.discard(lock)
 
     def add_election(self, election: Campaign) -> None:
         """Campaign for ``election`` on every tick of its manager's lane (the first at once)."""
-        manager = election._manager  # type: ignore[attr-defined]
+        manager = election.backend
         while (lane := self._lane(manager)) is not None and not lane.add_election(election):
             pass
 
     def remove_election(self, election: Campaign) -> None:
-        lane = self.lane_of(election._manager)  # type: ignore[attr-defined]
+        lane = self.lane_of(election.backend)
         if lane is not None:
             lane.remove_election(election)
 
-    def held(self) -> list[Lock]:
+    def held(self) -> list[Lease]:
         return [lk for lane in self._lanes_now() for lk in lane.held()]
 
     def stop(self, timeout: float = EXIT_TIMEOUT) -> None:
@@ -140,13 +119,13 @@ class Refresher:
 
     def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
         """Release every lock still held, one write per collection, within ``timeout``."""
-        groups: dict[LockStore, list[Lock]] = defaultdict(list)
+        groups: dict[LockStore, list[Lease]] = defaultdict(list)
         for lock in self.held():
             try:
                 store = lock.store
             except MongoLockError:
                 continue  # its manager was closed: the lease lapses by itself
-            if lock._take_release():
+            if lock.take_release():
                 groups[store].append(lock)
         released = 0
         for store, group in groups.items():
@@ -164,291 +143,29 @@ class Refresher:
 
     # -- lanes -------------------------------------------------------------------------------
 
-    def _lane(self, manager: object) -> _Lane | None:
+    def _lane(self, manager: StoreSource) -> Lane | None:
         with self._mutex:
             if self._stopping:
                 return None
             lane = self._lanes.get(manager)
             if lane is None:
-                lane = self._lanes[manager] = _Lane(self, manager)
+                lane = self._lanes[manager] = Lane(self, manager)
             return lane
 
-    def _lanes_now(self) -> list[_Lane]:
+    def _lanes_now(self) -> list[Lane]:
         with self._mutex:
             return list(self._lanes.values())
 
-    def _idle(self, lane: _Lane) -> bool:
-        """Forget ``lane`` if it keeps nothing (its thread then ends); False if it must go on."""
-        with lane._cond, self._mutex:  # the lane's first, as in _schedule
-            if lane._locks or lane._elections:
-                return False
+    def forget(self, lane: Lane) -> None:
+        """Drop ``lane``, which keeps nothing any more (called holding the lane's condition)."""
+        with self._mutex:
             if self._lanes.get(lane.manager) is lane:
                 del self._lanes[lane.manager]
                 self._ended_ticks += lane.ticks
-            lane._retired = True
-            return True
 
-
-class _Lane:
-    """The thread that refreshes the leases of one manager and runs its elections."""
-
-    def __init__(self, refresher: Refresher, manager: object) -> None:
-        self.refresher = refresher
-        self.manager = manager
-        self._locks: weakref.WeakSet[Lock] = weakref.WeakSet()
-        # Elections campaign until stopped, so they are held strongly, like a thread.
-        self._elections: set[Campaign] = set()
-        self._cond = threading.Condition()
-        self._due = math.inf
-        self._stopping = False
-        self._retired = False
-        self._thread: threading.Thread | None = None
-        self._unreachable = False
-        self._silent = False  # the last heartbeat failed (logged once)
-        self.ticks = 0
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._locks)
-
-    @property
-    def due(self) -> float:
-        return self._due
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def add(self, lock: Lock) -> bool:
-        """Keep ``lock``; False if this lane has retired (the refresher has a new one)."""
-        with self._cond:
-            if self._retired:
-                return False
-            self._locks.add(lock)
-            self._schedule(clock.now() + _interval(lock.ttl))
-            return True
-
-    def discard(self, lock: Lock) -> None:
-        with self._cond:
-            self._locks.discard(lock)
-
-    def add_election(self, election: Campaign) -> bool:
-        with self._cond:
-            if self._retired:
-                return False
-            self._elections.add(election)
-            self._schedule(clock.now())
-            return True
-
-    def remove_election(self, election: Campaign) -> None:
-        with self._cond:
-            self._elections.discard(election)
-
-    def held(self) -> list[Lock]:
-        with self._cond:
-            return [lk for lk in self._locks if not lk.over]
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-
-    def join(self, timeout: float) -> None:
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    def _schedule(self, due: float) -> None:
-        """Tick no later than ``due``; (re)start the thread when needed (holding ``_cond``).
-
-        Only a due date earlier than the sleeping thread's wakes it: acquiring and
-        releasing in a loop costs no thread switch per lock; the next tick simply
-        refreshes whatever is held by then.
-        """
-        if self._thread is None or not self._thread.is_alive():
-            self._due = due
-            self._start()
-        elif due < self._due:
-            self._due = due
-            self._cond.notify()
-
-    def _start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"mongolock-refresher-{id(self.manager):x}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException:
-            logger.exception("a refresher thread failed")
-        finally:
-            with self._cond:
-                if (
-                    not self._stopping
-                    and not self._retired
-                    and self._thread is threading.current_thread()
-                    and (self._locks or self._elections)
-                ):
-                    logger.error("a refresher thread ended unexpectedly; restarting it")
-                    self.refresher.restarts += 1
-                    self._start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping:
-                    if not (self._locks or self._elections):
-                        self._due = math.inf
-                    left = self._due - clock.now()
-                    if left <= 0:
-                        break
-                    if left == math.inf:
-                        # Nothing kept for a while: end the thread; a new lock restarts it.
-                        self._cond.wait(IDLE_END)
-                        if self._due == math.inf and not (self._locks or self._elections):
-                            break
-                        continue
-                    self._cond.wait(left)
-                if self._stopping:
-                    return
-                # A lock registered while the tick runs may ask for an earlier tick.
-                due, self._due = self._due, math.inf
-            if due == math.inf:
-                if self.refresher._idle(self):
-                    return
-                continue
-            try:
-                self.tick()
-            except BaseException:  # user code runs in campaigns: the lane outlives it all
-                logger.exception("refresh tick failed")
-                with self._cond:
-                    self._due = min(self._due, clock.now() + RETRY_INTERVAL)
-
-    def tick(self) -> None:
-        """Extend every held lease of this manager now (one write), then campaign.
-
-        The per-lock work is kept to attribute reads and one float store under the
-        lock's own mutex: at 10,000 held locks it is a share of the tick that the write
-        itself does not dwarf.
-        """
-        with self._cond:
-            for lock in [lk for lk in self._locks if lk.over]:
-                self._locks.discard(lock)  # lost by its deadline: nothing left to keep
-            locks = [lk for lk in self._locks if lk.refreshable]
-            elections = list(self._elections)
-        if not locks and not elections:
-            return
-        shortest = min(
-            min((lk.ttl for lk in locks), default=math.inf),
-            min((election.ttl for election in elections), default=math.inf),
-        )
-        next_due = clock.now() + _interval(shortest)
-        if locks:
-            next_due = min(next_due, self._refresh(locks, shortest))
-            self._heartbeat(locks, _interval(shortest))
-        with self._cond:
-            self._due = min(self._due, next_due)
-        self.ticks += 1
-        for election in elections:
-            try:
-                election.campaign()
-            except Exception:  # one election must not stop the others, nor the thread
-                logger.exception("campaign for %r failed", getattr(election, "key", election))
-
-    def _refresh(self, locks: list[Lock], shortest: float) -> float:
-        """One write for ``locks``; mark the refused ones lost; when to tick again."""
-        manager: Any = self.manager
-        try:
-            store: LockStore = manager.store
-        except MongoLockError:
-            for lock in locks:
-                lock._mark_lost("its LockManager was closed", inline=False)
-            with self._cond:
-                for lock in locks:
-                    self._locks.discard(lock)
-            return math.inf
-        sent_at = clock.now()
-        # Long enough for the earliest lease (at least one tick's interval), never past
-        # the last one: a hung write must not keep the lane from trying again.
-        deadlines = [lk.deadline for lk in locks]
-        budget = max(
-            MIN_WRITE_TIME,
-            min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, _interval(shortest))),
-        )
-        try:
-            with pymongo.timeout(budget):
-                gone = store.refresh_many(
-                    [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
-                ) | store.refresh_shared_many(
-                    [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
-                )
-        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
-            if not self._unreachable:
-                logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
-            self._unreachable = True
-            # The deadline watch announces the losses on time; try again soon.
-            return clock.now() + min(RETRY_INTERVAL, _interval(shortest))
-        if self._unreachable:
-            logger.warning("refreshing locks again")
-            self._unreachable = False
-        lost: list[Lock] = []
-        lapsed: list[Lock] = []
-        for lock in locks:
-            if gone and lock.owner in gone:
-                if not lock._released:  # released while this tick ran: not lost
-                    lost.append(lock)
-            # Extended by its ttl at a server time after sent_at.
-            elif not lock._renew(sent_at) and not lock._released:
-                lapsed.append(lock)
-        if lost or lapsed:
-            with self._cond:
-                for lock in lost + lapsed:
-                    self._locks.discard(lock)
-        for lock in lost:
-            lock._mark_lost(_NOT_EXTENDED, inline=False)
-        if lapsed:
-            self._give_back(store, lapsed)
-        return math.inf
-
-    def _heartbeat(self, locks: list[Lock], interval: float) -> None:
-        """Tell the server the holders' process is alive: one write, never in the way.
-
-        Bounded by the tick interval, skipped while the server is unreachable, and a
-        failure is logged once until a heartbeat gets through again.
-        """
-        if self._unreachable:
-            return
-        try:
-            store: LockStore = self.manager.store  # type: ignore[attr-defined]
-            # Half an interval at most: the next tick's refresh must not wait on it.
-            with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
-                store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
-        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
-            if not self._silent:
-                logger.warning("cannot record this process's heartbeat: %s", exc)
-            self._silent = True
-            return
-        self._silent = False
-
-    def _give_back(self, store: LockStore, lapsed: list[Lock]) -> None:
-        """Release leases the server extended after their holders were told they lost them."""
-        try:
-            with pymongo.timeout(max(MIN_WRITE_TIME, min(lk.ttl for lk in lapsed))):
-                store.release_many([(lk.key, lk.owner, lk.token) for lk in lapsed if not lk.shared])
-                for lk in lapsed:
-                    if lk.shared:
-                        store.release(lk.key, lk.owner, lk.token, shared=True)
-        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
-            logger.warning("could not give back %d lapsed lease(s): %s", len(lapsed), exc)
-
-
-_NOT_EXTENDED = "its lease could not be extended (released by somebody else, or already over)"
-
-
-def _interval(ttl: float) -> float:
-    return max(MIN_INTERVAL, ttl / 3)
+    def restarted(self) -> None:
+        """Count a lane thread that died and was replaced."""
+        self.restarts += 1
 
 
 _refresher: Refresher | None = None

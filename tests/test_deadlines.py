@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pymongo
 import pytest
@@ -283,7 +283,7 @@ def test_a_lock_that_is_not_refreshed_is_announced_lost_at_its_deadline(
 
 
 def _child_uses_a_lock_whose_mutex_was_held(lock: Lock, queue: Any) -> None:
-    manager: LockManager = lock._manager
+    manager = cast(LockManager, lock.backend)
     own = manager.acquire("forked-child-own", ttl=5, blocking=False)
     queue.put(
         {
@@ -305,7 +305,7 @@ def test_a_fork_while_lock_and_manager_mutexes_are_held_does_not_deadlock_the_ch
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     # As the refresher, a notice worker or another acquiring thread may hold them at the fork.
-    with lock._mutex, manager._build_mutex, manager._astores_mutex:
+    with lock._mutex, manager._connection._build_mutex, manager._connection._astores_mutex:
         child = context.Process(target=_child_uses_a_lock_whose_mutex_was_held, args=(lock, queue))
         child.start()
     try:

@@ -17,7 +17,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from django_mongolock import Lock, LockManager
-from django_mongolock.manager import _ABANDONED as cleanups
+from django_mongolock.acquiring import ABANDONED as cleanups
 from django_mongolock.signals import lock_acquired
 
 
@@ -44,7 +44,7 @@ def test_a_closed_loop_leaves_no_async_client_behind(manager: LockManager) -> No
     before = _async_clients()
     for _ in range(50):
         asyncio.run(once())
-    assert manager._astores == {}
+    assert manager._connection._astores == {}
     assert _async_clients() <= before
 
 
@@ -55,14 +55,14 @@ def test_a_loop_closed_without_finalizing_is_forgotten_on_next_use(manager: Lock
 
     loop = asyncio.new_event_loop()
     loop.run_until_complete(once())
-    store = manager._astores[loop][0]
+    store = manager._connection._astores[loop][0]
     # Closed without shutdown_asyncgens(): the closer never runs, so the client is closed
     # here by hand (its own loop is the only one it can be closed on).
     loop.run_until_complete(store.close())
     loop.close()
     asyncio.run(once())
-    assert loop not in manager._astores
-    assert manager._astores == {}
+    assert loop not in manager._connection._astores
+    assert manager._connection._astores == {}
 
 
 # -- a waiter that stops waiting leaves the line -----------------------------------------------
@@ -188,7 +188,7 @@ def test_callbacks_that_cannot_be_called_are_refused_before_any_io() -> None:
                 await offline.aacquire("k", on_lost=b"x")  # type: ignore[arg-type]
 
         asyncio.run(main())
-        assert offline._astores == {}  # no async client was even built
+        assert offline._connection._astores == {}  # no async client was even built
 
 
 def test_a_refused_election_campaigns_for_nothing(manager: LockManager) -> None:

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from django_mongolock.acquirer import next_delay as _next_delay
 from django_mongolock.info import LockInfo
-from django_mongolock.manager import _next_delay
 from django_mongolock.waiters import Waiters, Wake
 
 

@@ -1,0 +1,170 @@
+"""The wait plan of one acquisition, without I/O: what to ask for, when to ask again, when to stop.
+
+Every time is given by the caller (``clock.now()``'s scale), so the plan can be
+followed step by step without a server or a clock.
+
+The sync and the async acquire loops (``acquiring.py``) differ only in how they send an
+attempt and how they sleep; every decision between two attempts is made here, once:
+how long to sleep (a release wakes the waiter, or the holder's lease ends, or a
+back-off), how many releases to sleep through when others are ahead in line, and when
+the caller's timeout has passed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django_mongolock import clock
+from django_mongolock.exceptions import LockNotAcquired
+from django_mongolock.info import LockInfo
+from django_mongolock.queries import PLACE_GRACE_MS
+
+__all__ = ["Request", "WaitPlan", "busy", "late", "next_delay"]
+
+# Back-off of a blocked acquirer: doubling from 10 ms up to 500 ms, each sleep drawn from
+# [half, full] of that, and never past the holder's lease end or the caller's timeout.
+BACKOFF_BASE = 0.01
+BACKOFF_CAP = 0.5
+# How long a waiter behind others in line sleeps on the stream between attempts: well
+# within the grace period that keeps its place.
+BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One acquisition: the key, this attempt's owner id, and what kind of lease."""
+
+    key: str
+    owner: str
+    ttl: float
+    shared: bool = False
+    limit: int | None = None
+    tags: Mapping[str, str] | None = None
+
+    def arguments(self, *, queue: bool) -> dict[str, Any]:
+        """The store's ``acquire`` arguments (the sync and the async store take the same)."""
+        return {
+            "key": self.key,
+            "owner": self.owner,
+            "ttl": self.ttl,
+            "queue": queue,
+            "shared": self.shared,
+            "limit": self.limit,
+            "tags": self.tags,
+        }
+
+    def taken(self, info: LockInfo) -> LockInfo | None:
+        """This request's lease, if the attempt that returned ``info`` got one."""
+        if self.shared:
+            return info.as_holder(self.owner)
+        return info if info.owner == self.owner else None
+
+
+class WaitPlan:
+    """The schedule of one blocked acquirer between its attempts.
+
+    The loop asks ``wake_at()`` when to try again (None: the timeout has passed, raise
+    ``busy()``), sleeps on its wake event until then, asks ``woken()`` whether the
+    releases it saw are enough to try, and reports each attempt to ``answered()``.
+    """
+
+    __slots__ = ("_attempt", "_deadline", "_started", "info", "request", "seen", "sent_at")
+
+    def __init__(
+        self, request: Request, limit: float | None, sent_at: float, info: LockInfo
+    ) -> None:
+        self.request = request
+        self.sent_at = sent_at
+        self.info = info
+        self.seen = 0  # releases counted before the last attempt
+        self._started = sent_at
+        self._deadline = None if limit is None else sent_at + limit
+        self._attempt = 0
+
+    def wake_at(self, stream_since: float | None, now: float) -> float | None:
+        """When to try again, given since when the change stream has been healthy."""
+        wanted, self._attempt = next_delay(self.info, stream_since, self.sent_at, self._attempt)
+        if self._deadline is None:
+            return now + wanted
+        left = self._deadline - now
+        return None if left <= 0 else now + min(wanted, left)
+
+    def woken(self, count: int) -> bool:
+        """Whether ``count`` releases seen so far are enough to try: one per waiter ahead,
+        plus the holder's (shared waiters may get in together: they try after each one).
+
+        Counting may err (a release seen twice, a place ahead that lapsed): then the
+        waiter tries once too early, or sleeps until its timer, never past it.
+        """
+        info = self.info
+        if self.request.shared or info.position <= 0:
+            needed = 1
+        else:
+            needed = info.position + (1 if info.held else 0)
+        return count - self.seen >= needed
+
+    @staticmethod
+    def behind(wake_at: float, now: float) -> float:
+        """A release a waiter ahead takes; if that waiter is gone, its place lapses within
+        the grace period: look again by then."""
+        return min(wake_at, now + BEHIND_IN_LINE)
+
+    def answered(self, sent_at: float, info: LockInfo, seen: int) -> LockInfo | None:
+        """Take the answer to an attempt sent at ``sent_at``: the lease, if it is ours."""
+        self.sent_at, self.info, self.seen = sent_at, info, seen
+        return self.request.taken(info)
+
+    def busy(self, now: float) -> LockNotAcquired:
+        """The error of a wait that timed out: who holds the key, how long it waited."""
+        return busy(self.info, waited=now - self._started)
+
+
+def next_delay(
+    info: LockInfo, stream_since: float | None, sent_at: float, attempt: int
+) -> tuple[float, int]:
+    """How long to sleep before the next attempt, and the next back-off step."""
+    lease_end = max(info.next_free_in, 0.0) + 0.001
+    streamed = stream_since is not None and stream_since <= sent_at
+    # A lease that has ended (its holder crashed) ends no later: no release will come,
+    # and trying again at once only spins while a waiter ahead keeps its place.
+    running = info.held and info.next_free_in > 0
+    if running and streamed:
+        # The stream was open before the last attempt: any release after it wakes us.
+        return lease_end, attempt
+    if streamed and info.position > 0:
+        # Free, with others ahead in line: their releases wake us; the timer only keeps
+        # our place in line (it lapses PLACE_GRACE after our last attempt).
+        return BEHIND_IN_LINE, attempt
+    # No stream to wake us, or the lock is free with others ahead in line.
+    delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
+    if running:
+        delay = min(delay, lease_end)
+    return delay, min(attempt + 1, 16)
+
+
+def late(sent_at: float, mine: LockInfo, now: float) -> bool:
+    """Whether the answer was held up so long that less than half the lease is left by the
+    holder's bound (sent + lease - margin).
+
+    The answer came so late (server selection during an outage) that the lease, bounded
+    from when the request was sent, has nearly ended by the holder's clock: the loops
+    then bound it again from a refresh sent on the connection now ready. A round trip
+    within the minimum margin is a normal answer, even for a lease of milliseconds that
+    it mostly uses up: a refresh would take as long, and an uncontended acquire is one
+    round trip.
+    """
+    left = sent_at + mine.remaining - clock.margin(mine.ttl) - now
+    return now - sent_at > clock.MIN_MARGIN and left < mine.ttl / 2
+
+
+def busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:
+    """The error for a key that is not ours: naming its holder (or the line) when known."""
+    if info.owner:
+        return LockNotAcquired(info.key, info.owner, info.expires_at, waited=waited)
+    if info.held:
+        first_end = min(holder.expires_at for holder in info.live_holders)
+        return LockNotAcquired(info.key, info.holder_label, first_end, waited=waited)
+    return LockNotAcquired(info.key, None, None, waited=waited, waiting=info.waiting)

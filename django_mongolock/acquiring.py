@@ -1,0 +1,324 @@
+"""The sync and the async acquire: attempts, waiting on the wake event, and the handle.
+
+Both loops follow one ``WaitPlan`` (``acquirer.py``); they differ only in how an attempt
+is sent and how a waiter sleeps. A wait that is interrupted leaves the line (and gives
+back a lease an interrupted attempt may have taken), so that the next waiter is not
+held up by a place nobody keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+from django_mongolock import clock
+from django_mongolock.acquirer import Request, WaitPlan, busy, late
+from django_mongolock.astore import AsyncLockStore
+from django_mongolock.exceptions import MongoLockError
+from django_mongolock.info import LockInfo
+from django_mongolock.lock import Lock, LockBackend
+from django_mongolock.refresher import get_refresher
+from django_mongolock.signals import lock_acquired
+from django_mongolock.store import LockStore
+from django_mongolock.waiters import AsyncWake, Waiters, Wake
+from django_mongolock.watcher import Watcher
+
+__all__ = ["ABANDONED", "Source", "aacquire", "acquire", "announce"]
+
+logger = logging.getLogger("django_mongolock.manager")
+
+_T = TypeVar("_T")
+
+
+class Source(LockBackend, Protocol):
+    """What acquiring needs of a manager: its stores, its waiters and its change stream."""
+
+    @property
+    def waiters(self) -> Waiters: ...
+
+    @property
+    def watcher(self) -> Watcher: ...
+
+
+def acquire(
+    source: Source,
+    request: Request,
+    wait: float | None,
+    keep: bool,
+    on_lost: Callable[[Lock], object] | None,
+    *,
+    announcing: bool = True,
+) -> Lock:
+    """Take the lock (waiting up to ``wait``); ``announcing=False`` leaves ``lock_acquired``
+    to the caller (an election sends it from its own worker, not the refresher's)."""
+    store = source.store
+    if wait == 0:
+        sent_at = clock.now()
+        info = store.acquire(**request.arguments(queue=False))
+        mine = request.taken(info)
+        if mine is None:
+            raise busy(info)
+    else:
+        # Subscribe before the first attempt: a release right after it must wake us.
+        with source.waiters.subscribe(request.key) as wake:
+            try:
+                sent_at = clock.now()
+                info = store.acquire(**request.arguments(queue=True))
+                mine = request.taken(info)
+                if mine is None:
+                    sent_at, mine = _wait(
+                        source, store, WaitPlan(request, wait, sent_at, info), wake
+                    )
+            except BaseException as exc:
+                # A timeout left the line already; a server error leaves the place to
+                # lapse. Anything else (KeyboardInterrupt, ...) must not keep it.
+                if not isinstance(exc, MongoLockError):
+                    _abandon(store, request)
+                raise
+    if late(sent_at, mine, clock.now()):
+        sent_at = clock.now()
+        confirmed = store.refresh(
+            request.key, request.owner, mine.token, request.ttl, shared=request.shared
+        )
+        if confirmed is None:
+            raise busy(mine)
+        mine = confirmed
+    lock = _handle(source, mine, sent_at, keep, on_lost)
+    return announce(source, lock) if announcing else lock
+
+
+def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple[float, LockInfo]:
+    """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
+    watcher = source.watcher
+    watcher.ensure_running()
+    while True:
+        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
+        if wake_at is None:
+            with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
+                store.leave_queue(plan.request.key, plan.request.owner)
+            raise plan.busy(clock.now())
+        while (left := wake_at - clock.now()) > 0 and wake.wait(left):
+            if plan.woken(wake.count):
+                break
+            wake.clear()
+            wake_at = plan.behind(wake_at, clock.now())
+        wake.clear()
+        watcher.ensure_running()
+        seen, sent_at = wake.count, clock.now()
+        mine = plan.answered(sent_at, store.acquire(**plan.request.arguments(queue=True)), seen)
+        if mine is not None:
+            return sent_at, mine
+
+
+async def aacquire(
+    source: Source,
+    request: Request,
+    wait: float | None,
+    keep: bool,
+    on_lost: Callable[[Lock], object] | None,
+) -> Lock:
+    """``acquire`` for coroutines: the same plan, sleeping on an asyncio event."""
+    store = await source.astore()
+    if wait == 0:
+        sent_at = clock.now()
+        info = await _shielded(store, request, queue=False)
+        mine = request.taken(info)
+        if mine is None:
+            raise busy(info)
+    else:
+        with source.waiters.subscribe_async(request.key) as wake:
+            try:
+                sent_at = clock.now()
+                info = await _shielded(store, request, queue=True)
+                mine = request.taken(info)
+                if mine is None:
+                    plan = WaitPlan(request, wait, sent_at, info)
+                    sent_at, mine = await _await(source, store, plan, wake)
+            except BaseException as exc:
+                # Cancelled (a task cancelled, a request aborted): leave the line as
+                # a timeout does, or the next holder would wait for our place. (A
+                # coroutine closed by its garbage collection may not await any more.)
+                if not isinstance(exc, MongoLockError | GeneratorExit):
+                    await _leave_line(store, request)
+                raise
+    if late(sent_at, mine, clock.now()):  # see acquire
+        sent_at = clock.now()
+        confirmed = await store.refresh(
+            request.key, request.owner, mine.token, request.ttl, shared=request.shared
+        )
+        if confirmed is None:
+            raise busy(mine)
+        mine = confirmed
+    return await aannounce(source, _handle(source, mine, sent_at, keep, on_lost))
+
+
+async def _await(
+    source: Source, store: AsyncLockStore, plan: WaitPlan, wake: AsyncWake
+) -> tuple[float, LockInfo]:
+    """``_wait`` for coroutines."""
+    watcher = source.watcher
+    watcher.ensure_running()
+    while True:
+        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
+        if wake_at is None:
+            await _leave_line(store, plan.request)
+            raise plan.busy(clock.now())
+        while (left := wake_at - clock.now()) > 0:
+            try:
+                # Not wait_for: on Python 3.11 it loses a cancellation that comes with
+                # the wake-up, and the task would wait in line for good.
+                async with asyncio.timeout(left):
+                    await wake.wait()
+            except TimeoutError:
+                break
+            if plan.woken(wake.count):
+                break
+            wake.clear()
+            wake_at = plan.behind(wake_at, clock.now())
+        wake.clear()
+        watcher.ensure_running()
+        seen, sent_at = wake.count, clock.now()
+        mine = plan.answered(sent_at, await _shielded(store, plan.request, queue=True), seen)
+        if mine is not None:
+            return sent_at, mine
+
+
+def _handle(
+    source: Source,
+    mine: LockInfo,
+    sent_at: float,
+    keep: bool,
+    on_lost: Callable[[Lock], object] | None,
+) -> Lock:
+    lock = Lock(source, mine, sent_at, on_lost=on_lost, refresh=keep)
+    if keep:
+        get_refresher().register(lock)
+    return lock
+
+
+def _abandon(store: LockStore, request: Request) -> None:
+    """Leave the line of a wait that was interrupted, and give back what it took.
+
+    The interruption may have cut an attempt short after the server applied it:
+    a lease found to be this request's is released rather than left to lapse.
+    Best effort: the place lapses by itself soon, the lease at its end.
+    """
+    with contextlib.suppress(MongoLockError):
+        info = store.find(request.key)
+        mine = None if info is None else request.taken(info)
+        if mine is not None:
+            store.release(mine.key, mine.owner, mine.token, shared=request.shared)
+        else:
+            store.leave_queue(request.key, request.owner)
+
+
+def announce(source: object, lock: Lock) -> Lock:
+    """Send ``lock_acquired``; if a receiver fails, release the lock and raise its error.
+
+    Every receiver runs (``send_robust``), so each one that is told of the
+    acquisition is told of the release too. The caller never gets a handle, so
+    the key must not stay taken by nobody's handle until its lease ends.
+    """
+    try:
+        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+    except BaseException:  # sys.exit() or KeyboardInterrupt in a receiver
+        _give_back_quietly(lock)
+        raise
+    if failed is not None:
+        _give_back_quietly(lock)
+        raise failed
+    return lock
+
+
+async def aannounce(source: object, lock: Lock) -> Lock:
+    """``announce`` for coroutines: the release goes through the async client."""
+    try:
+        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+    except BaseException:
+        await _agive_back_quietly(lock)
+        raise
+    if failed is not None:
+        await _agive_back_quietly(lock)
+        raise failed
+    return lock
+
+
+def _failure(responses: list[tuple[Any, Any]]) -> BaseException | None:
+    """The first error of ``send_robust`` responses (Django logs each of them)."""
+    return next((r for _, r in responses if isinstance(r, BaseException)), None)
+
+
+def _give_back_quietly(lock: Lock) -> None:
+    """Release a lock its caller will never get; if that fails, its lease lapses."""
+    try:
+        lock.release()
+    except MongoLockError as exc:
+        logger.warning("could not release %r after a failed receiver: %s", lock.key, exc)
+
+
+async def _agive_back_quietly(lock: Lock) -> None:
+    try:
+        await lock.arelease()
+    except MongoLockError as exc:
+        logger.warning("could not release %r after a failed receiver: %s", lock.key, exc)
+
+
+async def _shielded(store: AsyncLockStore, request: Request, *, queue: bool) -> LockInfo:
+    """One attempt that a cancellation cannot cut in half.
+
+    If the caller is cancelled while the attempt is in flight, the attempt still
+    completes, and a lock it took is released at once instead of being left to lapse.
+    The cancellation waits for the attempt (unless cancelled again), so that leaving
+    the line afterwards comes after the attempt that took the place.
+    """
+    attempt = asyncio.ensure_future(store.acquire(**request.arguments(queue=queue)))
+    try:
+        return await asyncio.shield(attempt)
+    except asyncio.CancelledError:
+        attempt.add_done_callback(functools.partial(_give_back, store, request))
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([attempt])
+        raise
+
+
+def _give_back(store: AsyncLockStore, request: Request, attempt: asyncio.Future[LockInfo]) -> None:
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    mine = request.taken(attempt.result())
+    if mine is None:
+        return
+    _in_background(store.release(mine.key, mine.owner, mine.token, shared=request.shared))
+
+
+async def _leave_line(store: AsyncLockStore, request: Request) -> None:
+    """Give up a waiter's place in line, even if the caller is cancelled meanwhile.
+
+    The write runs as a task of its own: a cancellation stops the wait for it, not it.
+    """
+    leave = _in_background(store.leave_queue(request.key, request.owner))
+    with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
+        await asyncio.shield(leave)
+
+
+def _in_background(work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Run ``work`` as a task that nobody may be left to await: kept referenced until
+    done, its error (the lease or the place lapses by itself) not reported twice.
+    """
+    task = asyncio.ensure_future(work)
+    ABANDONED.add(task)
+    task.add_done_callback(_forget)
+    return task
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" at exit
+
+
+# Clean-up writes of cancelled acquisitions, kept referenced until they finish.
+ABANDONED: set[asyncio.Future[Any]] = set()

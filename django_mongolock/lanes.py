@@ -1,0 +1,369 @@
+"""A lane: the thread that keeps the leases of one lock source alive and runs its elections.
+
+See ``refresher.py`` for the whole: one lane per source (a ``LockManager``), so a slow
+or unreachable server delays only its own lane. A lane knows the leases it keeps through
+the ``Lease`` protocol only (a ``Lock`` is one), and its elections through ``Campaign``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import weakref
+from typing import Protocol
+
+import pymongo
+
+from django_mongolock import clock
+from django_mongolock.exceptions import MongoLockError
+from django_mongolock.info import process_of
+from django_mongolock.store import LockStore
+
+__all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "interval"]
+
+logger = logging.getLogger("django_mongolock.refresher")
+
+# Never tick more often than this, whatever the shortest lease (a 1 ms lease cannot be kept).
+MIN_INTERVAL = 0.05
+# After a failed tick, try again this soon (or at the usual interval, if shorter).
+RETRY_INTERVAL = 1.0
+# A lane that keeps nothing for this long ends its thread.
+IDLE_END = 5.0
+# The shortest time a refresh write is given, even when its leases are about to end.
+MIN_WRITE_TIME = 0.05
+
+
+class StoreSource(Protocol):
+    """Whose leases share a lane (a ``LockManager``): the store of this process, which
+    raises MongoLockError once the source is closed."""
+
+    @property
+    def store(self) -> LockStore: ...
+
+
+class Lease(Protocol):
+    """What a lane needs of a held lock (a ``Lock``): who holds what, until when, and the
+    few transitions the refresher makes (renewed, lost, released at exit)."""
+
+    @property
+    def backend(self) -> StoreSource: ...
+    @property
+    def store(self) -> LockStore: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def shared(self) -> bool: ...
+    @property
+    def refreshable(self) -> bool: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def over(self) -> bool: ...
+    @property
+    def released(self) -> bool: ...
+
+    def renewed(self, sent_at: float) -> bool: ...
+
+    def mark_lost(self, reason: str, *, inline: bool = True) -> bool: ...
+
+    def take_release(self) -> bool: ...
+
+
+class Campaign(Protocol):
+    """What a lane needs of an election: its source, its lease and one attempt to lead."""
+
+    @property
+    def backend(self) -> StoreSource: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+
+    def campaign(self) -> None: ...
+
+
+class Registry(Protocol):
+    """The refresher, as its lanes see it: where an idle lane leaves, and who counts restarts."""
+
+    def forget(self, lane: Lane) -> None: ...
+
+    def restarted(self) -> None: ...
+
+
+class Lane:
+    """The thread that refreshes the leases of one manager and runs its elections."""
+
+    def __init__(self, refresher: Registry, manager: StoreSource) -> None:
+        self.refresher = refresher
+        self.manager = manager
+        self._locks: weakref.WeakSet[Lease] = weakref.WeakSet()
+        # Elections campaign until stopped, so they are held strongly, like a thread.
+        self._elections: set[Campaign] = set()
+        self._cond = threading.Condition()
+        self._due = math.inf
+        self._stopping = False
+        self._retired = False
+        self._thread: threading.Thread | None = None
+        self._unreachable = False
+        self._silent = False  # the last heartbeat failed (logged once)
+        self.ticks = 0
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._locks)
+
+    @property
+    def due(self) -> float:
+        return self._due
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def add(self, lock: Lease) -> bool:
+        """Keep ``lock``; False if this lane has retired (the refresher has a new one)."""
+        with self._cond:
+            if self._retired:
+                return False
+            self._locks.add(lock)
+            self._schedule(clock.now() + interval(lock.ttl))
+            return True
+
+    def discard(self, lock: Lease) -> None:
+        with self._cond:
+            self._locks.discard(lock)
+
+    def add_election(self, election: Campaign) -> bool:
+        with self._cond:
+            if self._retired:
+                return False
+            self._elections.add(election)
+            self._schedule(clock.now())
+            return True
+
+    def remove_election(self, election: Campaign) -> None:
+        with self._cond:
+            self._elections.discard(election)
+
+    def held(self) -> list[Lease]:
+        with self._cond:
+            return [lk for lk in self._locks if not lk.over]
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _retire(self) -> bool:
+        """Leave the refresher if this lane keeps nothing (its thread then ends); False if
+        it must go on. The lane's condition first, then the refresher's mutex, as in
+        ``_schedule``."""
+        with self._cond:
+            if self._locks or self._elections:
+                return False
+            self.refresher.forget(self)
+            self._retired = True
+            return True
+
+    def _schedule(self, due: float) -> None:
+        """Tick no later than ``due``; (re)start the thread when needed (holding ``_cond``).
+
+        Only a due date earlier than the sleeping thread's wakes it: acquiring and
+        releasing in a loop costs no thread switch per lock; the next tick simply
+        refreshes whatever is held by then.
+        """
+        if self._thread is None or not self._thread.is_alive():
+            self._due = due
+            self._start()
+        elif due < self._due:
+            self._due = due
+            self._cond.notify()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"mongolock-refresher-{id(self.manager):x}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            logger.exception("a refresher thread failed")
+        finally:
+            with self._cond:
+                if (
+                    not self._stopping
+                    and not self._retired
+                    and self._thread is threading.current_thread()
+                    and (self._locks or self._elections)
+                ):
+                    logger.error("a refresher thread ended unexpectedly; restarting it")
+                    self.refresher.restarted()
+                    self._start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if not (self._locks or self._elections):
+                        self._due = math.inf
+                    left = self._due - clock.now()
+                    if left <= 0:
+                        break
+                    if left == math.inf:
+                        # Nothing kept for a while: end the thread; a new lock restarts it.
+                        self._cond.wait(IDLE_END)
+                        if self._due == math.inf and not (self._locks or self._elections):
+                            break
+                        continue
+                    self._cond.wait(left)
+                if self._stopping:
+                    return
+                # A lock registered while the tick runs may ask for an earlier tick.
+                due, self._due = self._due, math.inf
+            if due == math.inf:
+                if self._retire():
+                    return
+                continue
+            try:
+                self.tick()
+            except BaseException:  # user code runs in campaigns: the lane outlives it all
+                logger.exception("refresh tick failed")
+                with self._cond:
+                    self._due = min(self._due, clock.now() + RETRY_INTERVAL)
+
+    def tick(self) -> None:
+        """Extend every held lease of this manager now (one write), then campaign.
+
+        The per-lock work is kept to attribute reads and one float store under the
+        lock's own mutex: at 10,000 held locks it is a share of the tick that the write
+        itself does not dwarf.
+        """
+        with self._cond:
+            for lock in [lk for lk in self._locks if lk.over]:
+                self._locks.discard(lock)  # lost by its deadline: nothing left to keep
+            locks = [lk for lk in self._locks if lk.refreshable]
+            elections = list(self._elections)
+        if not locks and not elections:
+            return
+        shortest = min(
+            min((lk.ttl for lk in locks), default=math.inf),
+            min((election.ttl for election in elections), default=math.inf),
+        )
+        next_due = clock.now() + interval(shortest)
+        if locks:
+            next_due = min(next_due, self._refresh(locks, shortest))
+            self._heartbeat(locks, interval(shortest))
+        with self._cond:
+            self._due = min(self._due, next_due)
+        self.ticks += 1
+        for election in elections:
+            try:
+                election.campaign()
+            except Exception:  # one election must not stop the others, nor the thread
+                logger.exception("campaign for %r failed", election.key)
+
+    def _refresh(self, locks: list[Lease], shortest: float) -> float:
+        """One write for ``locks``; mark the refused ones lost; when to tick again."""
+        try:
+            store = self.manager.store
+        except MongoLockError:
+            for lock in locks:
+                lock.mark_lost("its LockManager was closed", inline=False)
+            with self._cond:
+                for lock in locks:
+                    self._locks.discard(lock)
+            return math.inf
+        sent_at = clock.now()
+        # Long enough for the earliest lease (at least one tick's interval), never past
+        # the last one: a hung write must not keep the lane from trying again.
+        deadlines = [lk.deadline for lk in locks]
+        budget = max(
+            MIN_WRITE_TIME,
+            min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, interval(shortest))),
+        )
+        try:
+            with pymongo.timeout(budget):
+                gone = store.refresh_many(
+                    [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
+                ) | store.refresh_shared_many(
+                    [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
+                )
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            if not self._unreachable:
+                logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
+            self._unreachable = True
+            # The deadline watch announces the losses on time; try again soon.
+            return clock.now() + min(RETRY_INTERVAL, interval(shortest))
+        if self._unreachable:
+            logger.warning("refreshing locks again")
+            self._unreachable = False
+        lost: list[Lease] = []
+        lapsed: list[Lease] = []
+        for lock in locks:
+            if gone and lock.owner in gone:
+                if not lock.released:  # released while this tick ran: not lost
+                    lost.append(lock)
+            # Extended by its ttl at a server time after sent_at.
+            elif not lock.renewed(sent_at) and not lock.released:
+                lapsed.append(lock)
+        if lost or lapsed:
+            with self._cond:
+                for lock in lost + lapsed:
+                    self._locks.discard(lock)
+        for lock in lost:
+            lock.mark_lost(_NOT_EXTENDED, inline=False)
+        if lapsed:
+            self._give_back(store, lapsed)
+        return math.inf
+
+    def _heartbeat(self, locks: list[Lease], interval: float) -> None:
+        """Tell the server the holders' process is alive: one write, never in the way.
+
+        Bounded by the tick interval, skipped while the server is unreachable, and a
+        failure is logged once until a heartbeat gets through again.
+        """
+        if self._unreachable:
+            return
+        try:
+            store = self.manager.store
+            # Half an interval at most: the next tick's refresh must not wait on it.
+            with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
+                store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            if not self._silent:
+                logger.warning("cannot record this process's heartbeat: %s", exc)
+            self._silent = True
+            return
+        self._silent = False
+
+    def _give_back(self, store: LockStore, lapsed: list[Lease]) -> None:
+        """Release leases the server extended after their holders were told they lost them."""
+        try:
+            with pymongo.timeout(max(MIN_WRITE_TIME, min(lk.ttl for lk in lapsed))):
+                store.release_many([(lk.key, lk.owner, lk.token) for lk in lapsed if not lk.shared])
+                for lk in lapsed:
+                    if lk.shared:
+                        store.release(lk.key, lk.owner, lk.token, shared=True)
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            logger.warning("could not give back %d lapsed lease(s): %s", len(lapsed), exc)
+
+
+_NOT_EXTENDED = "its lease could not be extended (released by somebody else, or already over)"
+
+
+def interval(ttl: float) -> float:
+    return max(MIN_INTERVAL, ttl / 3)

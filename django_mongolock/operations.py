@@ -1,0 +1,132 @@
+"""Reading and operating on the lock collection: status, listings, force releases and
+their audit trail, indexes. The manager's calls for the admin, the commands and scripts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+from collections.abc import Iterator
+
+from django_mongolock.info import AuditEntry, IndexAction, LockInfo, Order, State
+from django_mongolock.owners import operator
+from django_mongolock.store import LockStore
+from django_mongolock.validation import (
+    validate_audit_text,
+    validate_key,
+    validate_page,
+    validate_token,
+)
+from django_mongolock.waiters import Waiters
+
+__all__ = ["Operations"]
+
+logger = logging.getLogger("django_mongolock.manager")
+
+
+class Operations:
+    """The inspecting and operating half of ``LockManager`` (a base class of it): each
+    call checks its arguments before any I/O and hands the query to the store."""
+
+    retention: int
+    audit_retention: int
+
+    @property
+    def store(self) -> LockStore:
+        raise NotImplementedError
+
+    @property
+    def waiters(self) -> Waiters:
+        raise NotImplementedError
+
+    def status(self, key: str) -> LockInfo | None:
+        """The lock document of ``key`` (live or expired), or None when there is none.
+
+        With its holder's liveness (``holder_alive``, ``holder_silent_for``): one more query.
+        """
+        info = self.store.find(validate_key(key))
+        return None if info is None else self.store.with_liveness([info])[0]
+
+    def list(
+        self,
+        state: State = "live",
+        prefix: str | None = None,
+        *,
+        owner: str | None = None,
+        limit: int | None = 100,
+        offset: int = 0,
+        order: Order = "key",
+    ) -> builtins.list[LockInfo]:
+        """One page of locks, paged by the server (``limit=None``: all of them)."""
+        validate_page(limit, offset)
+        page = [
+            *self.store.scan(state, prefix, owner=owner, limit=limit, offset=offset, order=order)
+        ]
+        return self.store.with_liveness(page)  # one more query for the whole page
+
+    def iter_locks(
+        self,
+        state: State = "live",
+        prefix: str | None = None,
+        *,
+        owner: str | None = None,
+        order: Order = "key",
+        batch_size: int = 1000,
+    ) -> Iterator[LockInfo]:
+        """Stream every matching lock in batches, without holding them all in memory."""
+        return self.store.scan(
+            state, prefix, owner=owner, limit=None, order=order, batch_size=batch_size
+        )
+
+    def count(
+        self, state: State = "all", prefix: str | None = None, owner: str | None = None
+    ) -> int:
+        return self.store.count(state, prefix, owner)
+
+    def counts(self, soon: float = 10.0) -> dict[str, int]:
+        """``{"live", "expired", "expiring"}``: expiring = live with at most ``soon`` s left."""
+        return self.store.counts(soon)
+
+    def force_release(
+        self, key: str, *, token: int | None = None, reason: str = "", by: str | None = None
+    ) -> LockInfo | None:
+        """Remove ``key`` whoever holds it (only while its token is ``token``, if given).
+
+        Returns the removed lock, or None when there was none (or the token had changed).
+        The former holder finds out at its next refresh: its lock is then lost. The
+        release and its audit record (``by``, default ``user@host`` of this process, and
+        ``reason``) are written in one transaction: see ``history()``.
+        """
+        key = validate_key(key)
+        if token is not None:
+            validate_token(token)
+        reason = validate_audit_text("reason", reason, allow_empty=True)
+        by = validate_audit_text("by", operator() if by is None else by, allow_empty=False)
+        info = self.store.force_release_recorded(key, token, by=by, reason=reason)
+        if info is not None:
+            logger.info("force-released %r (owner %s, token %s)", key, info.owner, info.token)
+            self.waiters.notify(key)
+        return info
+
+    def history(self, key: str, *, limit: int | None = 100) -> builtins.list[AuditEntry]:
+        """The force releases of ``key`` still on record (``audit_retention``), newest first."""
+        validate_page(limit, 0)
+        return self.store.history(validate_key(key), limit)
+
+    def server_kind(self) -> str:
+        """``"replica set"``, ``"sharded"`` or ``"standalone"`` (the last one is refused)."""
+        return self.store.server_kind()
+
+    def ensure_indexes(self) -> builtins.list[IndexAction]:
+        """Create or update the unique and TTL indexes (what ``migrate_mongolock`` runs)."""
+        return [
+            *self.store.ensure_indexes(self.retention),
+            *self.store.ensure_side_indexes(self.retention, self.audit_retention),
+        ]
+
+    def check_indexes(self) -> builtins.list[IndexAction]:
+        """What ``ensure_indexes`` would do, without doing it."""
+        return [
+            *self.store.check_indexes(self.retention),
+            *self.store.check_side_indexes(self.retention, self.audit_retention),
+        ]

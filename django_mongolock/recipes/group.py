@@ -1,0 +1,98 @@
+"""Several exclusive locks taken all or nothing, in one global order, released together."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterable
+from types import TracebackType
+
+from django_mongolock import acquiring, clock
+from django_mongolock.exceptions import MongoLockError
+from django_mongolock.lock import Lock
+from django_mongolock.recipes.source import LockSource, tagged_request
+from django_mongolock.validation import validate_keep, validate_key, validate_timeout, validate_ttl
+
+__all__ = ["LockGroup"]
+
+logger = logging.getLogger("django_mongolock.primitives")
+
+
+class LockGroup:
+    """Several exclusive locks taken all or nothing under one group id, released together."""
+
+    def __init__(self, group_id: str, locks: Iterable[Lock]) -> None:
+        self.group_id = group_id
+        self.locks: dict[str, Lock] = {lock.key: lock for lock in locks}
+
+    def __repr__(self) -> str:
+        return f"<LockGroup {self.group_id} keys={list(self.locks)}>"
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token of each key."""
+        return {key: lock.token for key, lock in self.locks.items()}
+
+    @property
+    def valid(self) -> bool:
+        """True while every lock of the group is held."""
+        return all(lock.valid for lock in self.locks.values())
+
+    def refresh(self, ttl: float | None = None) -> LockGroup:
+        """Extend every lease of the group (LockLost if any of them is gone)."""
+        for lock in self.locks.values():
+            lock.refresh(ttl)
+        return self
+
+    def release(self) -> bool:
+        """Release every lock; True if all of them were still held."""
+        results = [lock.release() for lock in reversed(list(self.locks.values()))]
+        return all(results)
+
+    def __enter__(self) -> LockGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    @classmethod
+    def acquire(
+        cls,
+        manager: LockSource,
+        keys: Iterable[str],
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        refresh: bool | None = None,
+    ) -> LockGroup:
+        if isinstance(keys, str | bytes):
+            raise TypeError("keys must be an iterable of keys, not a single key")
+        ordered = sorted({validate_key(key) for key in keys})
+        if not ordered:
+            raise ValueError("a lock group needs at least one key")
+        if ttl is not None:
+            validate_ttl(ttl)
+        wait = validate_timeout(timeout, blocking=blocking)
+        keep = validate_keep(refresh, manager.refresh)
+        group_id = secrets.token_hex(8)
+        deadline = None if wait is None else clock.now() + wait
+        taken: list[Lock] = []
+        try:
+            for key in ordered:
+                left = None if deadline is None else max(0.0, deadline - clock.now())
+                request = tagged_request(manager, key, ttl, "group", group_id)
+                taken.append(acquiring.acquire(manager, request, left, keep, None))
+        except BaseException:
+            for lock in reversed(taken):
+                try:
+                    lock.release()
+                except MongoLockError:
+                    logger.warning("could not release %r after a failed group", lock.key)
+            raise
+        return cls(group_id, taken)

@@ -1,0 +1,87 @@
+"""The wait plan of a blocked acquirer, step by step: no server, no clock, no sleeping."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django_mongolock.acquirer import BEHIND_IN_LINE, Request, WaitPlan, late
+from django_mongolock.info import LockInfo
+
+
+def _info(
+    *, remaining: float, position: int = 0, owner: str = "holder", ttl: float = 30.0
+) -> LockInfo:
+    now = datetime.now(UTC)
+    return LockInfo(
+        key="k",
+        owner=owner,
+        token=7,
+        acquired_at=now - timedelta(seconds=1),
+        refreshed_at=now - timedelta(seconds=1),
+        expires_at=now + timedelta(seconds=remaining),
+        ttl=ttl,
+        now=now,
+        position=position,
+    )
+
+
+def _request(*, shared: bool = False) -> Request:
+    return Request("k", "me:1:000000000001", 30.0, shared=shared)
+
+
+def test_a_streamed_waiter_sleeps_until_the_lease_ends_but_never_past_its_timeout() -> None:
+    plan = WaitPlan(_request(), 2.0, 100.0, _info(remaining=20.0))
+    # The stream was healthy before the attempt: a release wakes the waiter, so the timer
+    # is the holder's lease end, cut to the caller's timeout.
+    assert plan.wake_at(stream_since=99.0, now=100.5) == 102.0
+    unlimited = WaitPlan(_request(), None, 100.0, _info(remaining=20.0))
+    wake_at = unlimited.wake_at(stream_since=99.0, now=100.5)
+    assert wake_at is not None
+    assert 119.0 <= wake_at <= 120.6
+
+
+def test_the_plan_gives_up_once_the_timeout_has_passed_naming_the_holder() -> None:
+    plan = WaitPlan(_request(), 2.0, 100.0, _info(remaining=20.0))
+    assert plan.wake_at(stream_since=None, now=102.0) is None
+    error = plan.busy(now=102.5)
+    assert error.holder == "holder"
+    assert error.waited == 2.5
+
+
+def test_a_waiter_behind_others_sleeps_through_the_releases_that_are_theirs() -> None:
+    # Two waiters ahead and a live holder: the third release is this waiter's turn.
+    plan = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=2))
+    assert not plan.woken(1)
+    assert not plan.woken(2)
+    assert plan.woken(3)
+    # Shared waiters may get in together: each release is worth a try.
+    shared = WaitPlan(_request(shared=True), None, 100.0, _info(remaining=20.0, position=2))
+    assert shared.woken(1)
+    # A release that is not ours keeps our place alive: look again within the grace period.
+    assert WaitPlan.behind(500.0, now=100.0) == 100.0 + BEHIND_IN_LINE
+    assert WaitPlan.behind(100.1, now=100.0) == 100.1
+
+
+def test_an_answer_that_is_ours_ends_the_wait_and_counts_from_its_sending() -> None:
+    request = _request()
+    plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=1))
+    assert plan.answered(105.0, _info(remaining=20.0, position=1), seen=2) is None
+    assert (plan.sent_at, plan.seen) == (105.0, 2)
+    assert not plan.woken(2)  # releases are counted from the last attempt on
+    mine = _info(remaining=30.0, owner=request.owner)
+    assert plan.answered(106.0, mine, seen=3) is mine
+
+
+def test_a_lease_answered_late_is_bounded_again() -> None:
+    mine = _info(remaining=30.0)
+    assert not late(100.0, mine, now=100.5)
+    assert late(100.0, mine, now=120.0)
+    # A lease of moments answered after a held-up request is bounded again too.
+    assert late(100.0, _info(remaining=0.5, ttl=0.5), now=100.3)
+
+
+def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
+    """A round trip of a few milliseconds uses up most of a lease of a few milliseconds:
+    a refresh would take as long, and an uncontended acquire is one round trip."""
+    assert not late(100.0, _info(remaining=0.004, ttl=0.004), now=100.003)
+    assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
