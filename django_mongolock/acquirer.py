@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
 from django_mongolock.info import LockInfo
-from django_mongolock.queries import PLACE_GRACE_MS
+from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.waiters import Handoff
 
-__all__ = ["Request", "WaitPlan", "busy", "late", "next_delay"]
+__all__ = ["Request", "WaitPlan", "busy", "first_lease", "late", "next_delay"]
 
 # Back-off of a blocked acquirer: doubling from 10 ms up to 500 ms, each sleep drawn from
 # [half, full] of that, and never past the holder's lease end or the caller's timeout.
@@ -117,6 +119,43 @@ class WaitPlan:
         self.sent_at, self.info, self.seen = sent_at, info, seen
         return self.request.taken(info)
 
+    def handed(self, handoff: Handoff | None) -> LockInfo | None:
+        """The lease a release handed to this request, if ``handoff`` is one for it that
+        came after the last attempt.
+
+        The token tells the order without clocks: a handoff applied before the last
+        attempt was seen by it (tokens only grow), so a greater token is a newer lease.
+        The lease is bounded from that attempt, which renewed the place the release took
+        (``sent_at`` locally, ``info.now`` on the server, both before the release): the
+        server time from there to the handoff is counted, less 1 % for a slow local
+        clock, plus the lease the release gave. Its ``ttl`` is that first lease (at most
+        ``HANDOFF_LEASE_MS``), for the refresher to extend soon.
+        """
+        request, info = self.request, self.info
+        if handoff is None or request.shared or handoff.owner != request.owner:
+            return None
+        if handoff.token <= info.token or handoff.acquired_at < info.now:
+            return None
+        first = min(round(request.ttl * 1000), HANDOFF_LEASE_MS) / 1000
+        expires_at = handoff.expires_at or handoff.acquired_at + timedelta(seconds=first)
+        waited = handoff.acquired_at - info.now
+        return replace(
+            info,
+            owner=request.owner,
+            token=handoff.token,
+            acquired_at=handoff.acquired_at,
+            refreshed_at=handoff.acquired_at,
+            expires_at=expires_at,
+            ttl=first,
+            now=info.now + waited / 100,
+            position=-1,
+            mode="exclusive",
+            limit=None,
+            group=None,
+            kind=None,
+            holders=(),
+        )
+
     def busy(self, now: float) -> LockNotAcquired:
         """The error of a wait that timed out: who holds the key, how long it waited."""
         return busy(self.info, waited=now - self._started)
@@ -143,6 +182,21 @@ def next_delay(
     if running:
         delay = min(delay, lease_end)
     return delay, min(attempt + 1, 16)
+
+
+def first_lease(mine: LockInfo, request: Request) -> LockInfo:
+    """``mine``, with the lease it was given as its ttl when that is shorter than asked.
+
+    A release hands a waiter a first lease of at most ``HANDOFF_LEASE_MS`` (the document
+    keeps the ttl asked for, which the refresher then extends it by). The waiter may
+    learn of it from the change stream, or from an attempt of its own that finds the
+    lock already its own: either way, its handle counts with the short lease until the
+    first refresh, so that the refresher ticks in time.
+    """
+    if request.shared:
+        return mine
+    span = (mine.expires_at - mine.acquired_at).total_seconds()
+    return replace(mine, ttl=span) if 0 < span < mine.ttl - 0.002 else mine
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from django_mongolock import clock
-from django_mongolock.acquirer import Request, WaitPlan, busy, late
+from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import LockInfo
@@ -64,7 +64,7 @@ def acquire(
             raise busy(info)
     else:
         # Subscribe before the first attempt: a release right after it must wake us.
-        with source.waiters.subscribe(request.key) as wake:
+        with source.waiters.subscribe(request.key, request.owner) as wake:
             try:
                 sent_at = clock.now()
                 info = store.acquire(**request.arguments(queue=True))
@@ -79,7 +79,8 @@ def acquire(
                 if not isinstance(exc, MongoLockError):
                     _abandon(store, request)
                 raise
-    if late(sent_at, mine, clock.now()):
+    mine = first_lease(mine, request)
+    if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):
         sent_at = clock.now()
         confirmed = store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -87,7 +88,7 @@ def acquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    lock = _handle(source, mine, sent_at, keep, on_lost)
+    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
     return announce(source, lock) if announcing else lock
 
 
@@ -99,14 +100,19 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
         wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
         if wake_at is None:
             with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
-                store.leave_queue(plan.request.key, plan.request.owner)
+                # A release may hand us the lock right now: leaving gives it back.
+                store.leave(plan.request.key, plan.request.owner)
             raise plan.busy(clock.now())
         while (left := wake_at - clock.now()) > 0 and wake.wait(left):
-            if plan.woken(wake.count):
+            if plan.woken(wake.count) or wake.handed is not None:
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
+        handed = plan.handed(wake.handed)
+        if handed is not None:
+            return plan.sent_at, handed
         wake.clear()
+        wake.handed = None  # a handoff from here on comes after this attempt
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
         mine = plan.answered(sent_at, store.acquire(**plan.request.arguments(queue=True)), seen)
@@ -130,7 +136,7 @@ async def aacquire(
         if mine is None:
             raise busy(info)
     else:
-        with source.waiters.subscribe_async(request.key) as wake:
+        with source.waiters.subscribe_async(request.key, request.owner) as wake:
             try:
                 sent_at = clock.now()
                 info = await _shielded(store, request, queue=True)
@@ -145,7 +151,8 @@ async def aacquire(
                 if not isinstance(exc, MongoLockError | GeneratorExit):
                     await _leave_line(store, request)
                 raise
-    if late(sent_at, mine, clock.now()):  # see acquire
+    mine = first_lease(mine, request)
+    if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):  # see acquire
         sent_at = clock.now()
         confirmed = await store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -153,7 +160,8 @@ async def aacquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    return await aannounce(source, _handle(source, mine, sent_at, keep, on_lost))
+    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    return await aannounce(source, lock)
 
 
 async def _await(
@@ -175,16 +183,31 @@ async def _await(
                     await wake.wait()
             except TimeoutError:
                 break
-            if plan.woken(wake.count):
+            if plan.woken(wake.count) or wake.handed is not None:
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
+        handed = plan.handed(wake.handed)
+        if handed is not None:
+            return plan.sent_at, handed
         wake.clear()
+        wake.handed = None  # see _wait
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
         mine = plan.answered(sent_at, await _shielded(store, plan.request, queue=True), seen)
         if mine is not None:
             return sent_at, mine
+
+
+def _unkept(mine: LockInfo, request: Request, keep: bool) -> bool:
+    """A lock handed over by a release has a short first lease (see ``WaitPlan.handed``):
+    without the refresher, it is extended to the ttl asked for before it is returned."""
+    return not keep and mine.ttl < request.ttl
+
+
+def _full(mine: LockInfo, request: Request) -> float | None:
+    """The ttl a handed lock's refresher extends it to (None: its lease has it)."""
+    return request.ttl if mine.ttl < request.ttl else None
 
 
 def _handle(
@@ -193,21 +216,30 @@ def _handle(
     sent_at: float,
     keep: bool,
     on_lost: Callable[[Lock], object] | None,
+    ttl: float | None = None,
 ) -> Lock:
     lock = Lock(source, mine, sent_at, on_lost=on_lost, refresh=keep)
     if keep:
+        # The refresher's first tick comes within a third of the lease it registers:
+        # registered with a handed lock's short first lease, then told the full one.
         get_refresher().register(lock)
+    if ttl is not None:
+        lock.lengthen(ttl)
     return lock
 
 
 def _abandon(store: LockStore, request: Request) -> None:
     """Leave the line of a wait that was interrupted, and give back what it took.
 
-    The interruption may have cut an attempt short after the server applied it:
-    a lease found to be this request's is released rather than left to lapse.
-    Best effort: the place lapses by itself soon, the lease at its end.
+    The interruption may have cut an attempt short after the server applied it, or a
+    release may have handed the lock over: a lease of this request's is released
+    rather than left to lapse (for an exclusive one in the same write that leaves the
+    line). Best effort: the place lapses by itself soon, the lease at its end.
     """
     with contextlib.suppress(MongoLockError):
+        if not request.shared:
+            store.leave(request.key, request.owner)
+            return
         info = store.find(request.key)
         mine = None if info is None else request.taken(info)
         if mine is not None:
@@ -295,11 +327,12 @@ def _give_back(store: AsyncLockStore, request: Request, attempt: asyncio.Future[
 
 
 async def _leave_line(store: AsyncLockStore, request: Request) -> None:
-    """Give up a waiter's place in line, even if the caller is cancelled meanwhile.
+    """Give up a waiter's place in line (and a lock a release handed over meanwhile),
+    even if the caller is cancelled meanwhile.
 
     The write runs as a task of its own: a cancellation stops the wait for it, not it.
     """
-    leave = _in_background(store.leave_queue(request.key, request.owner))
+    leave = _in_background(store.leave(request.key, request.owner))
     with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
         await asyncio.shield(leave)
 

@@ -112,6 +112,10 @@ class AsyncLockStore:
         with self._translate:
             await self.collection.update_one(*queries.leave_queue(key, owner))
 
+    async def leave(self, key: str, owner: str) -> None:
+        with self._translate:
+            await self._send(queries.leave(key, owner).command(self.collection.name))
+
     async def refresh(
         self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False
     ) -> LockInfo | None:
@@ -133,9 +137,9 @@ class AsyncLockStore:
             reply, retried = await self._send(command)
             if reply["nModified"] or not retried:
                 return bool(reply["nModified"])
-            # Sent twice and the second changed nothing: the first freed the document if
-            # it is still free at this lock's token (nobody has taken the key since).
-            freed = queries.still_freed(key, token)
+            # Sent twice and the second changed nothing: the first freed the document
+            # (or handed it on) if the document records this owner's release.
+            freed = queries.still_freed(key, owner)
             return await self.collection.find_one(freed, projection={"_id": 1}) is not None
 
     async def close(self) -> None:

@@ -245,6 +245,17 @@ class LeaseState:
             self._holds -= 1
             return True
 
+    def lengthen(self, ttl: float) -> None:
+        """Count with ``ttl`` from the next refresh on: the lease stored for this lock is
+        that long, while its first lease (handed over by a release) was shorter.
+
+        The deadline stays where the first lease put it; the refresher, which was
+        given the lock with its first lease, ticks within a third of it and extends it
+        by the stored ttl.
+        """
+        with self._mutex:
+            self.ttl = max(self.ttl, ttl)
+
     def renewed(self, sent_at: float) -> bool:
         """Extend by the lease after a bulk refresh sent at ``sent_at``; False if lost meanwhile.
 

@@ -2,7 +2,9 @@
 
 A waiter subscribes to its key and sleeps on an event with a back-off timeout; a
 release in this process (and, through the watcher, anywhere) sets the events of that
-key only, so the waiters try again at once instead of at their next poll.
+key only, so the waiters try again at once instead of at their next poll. A release
+that handed the lock to a waiter says so (a ``Handoff``): that waiter holds it already
+and need not try again.
 """
 
 from __future__ import annotations
@@ -13,13 +15,30 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
-__all__ = ["AsyncWake", "Waiters", "Wake"]
+__all__ = ["AsyncWake", "Handoff", "Waiters", "Wake"]
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A release made ``owner`` the holder (as the change stream reported it).
+
+    ``expires_at`` is None when the event did not carry it (it was unchanged).
+    """
+
+    owner: str
+    token: int
+    acquired_at: datetime
+    expires_at: datetime | None
 
 
 class _Wakeable(Protocol):
     def set(self) -> None: ...
+
+    def offer(self, handoff: Handoff) -> None: ...
 
 
 class Wake:
@@ -29,13 +48,22 @@ class Wake:
     the ``threading.Event`` is built only when the waiter first sleeps.
     """
 
-    __slots__ = ("_event", "_flag", "_mutex", "count")
+    __slots__ = ("_event", "_flag", "_mutex", "count", "handed", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "") -> None:
         self._mutex = threading.Lock()
         self._event: threading.Event | None = None
         self._flag = False
         self.count = 0
+        self.owner = owner
+        # The latest release that handed the lock to ``owner``; the waiter clears it
+        # before each attempt of its own.
+        self.handed: Handoff | None = None
+
+    def offer(self, handoff: Handoff) -> None:
+        """Keep ``handoff`` if it is for this waiter (the caller sets the event after)."""
+        if self.owner and handoff.owner == self.owner:
+            self.handed = handoff
 
     def set(self) -> None:
         with self._mutex:
@@ -67,9 +95,11 @@ class Wake:
 class AsyncWake(asyncio.Event):
     """``Wake`` for a coroutine: set (and counted) in its event loop only."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "") -> None:
         super().__init__()
         self.count = 0
+        self.owner = owner
+        self.handed: Handoff | None = None
 
     def set(self) -> None:
         self.count += 1
@@ -81,9 +111,14 @@ class _LoopEvent:
 
     __slots__ = ("event", "loop")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str) -> None:
         self.loop = asyncio.get_running_loop()
-        self.event = AsyncWake()
+        self.event = AsyncWake(owner)
+
+    def offer(self, handoff: Handoff) -> None:
+        # Stored before the event is set through the loop, so the woken task sees it.
+        if self.event.owner and handoff.owner == self.event.owner:
+            self.event.handed = handoff
 
     def set(self) -> None:
         # A closed loop raises RuntimeError: nobody waits there any more.
@@ -100,16 +135,17 @@ class Waiters:
         self._events: dict[str, set[_Wakeable]] = {}
 
     @contextmanager
-    def subscribe(self, key: str) -> Iterator[Wake]:
-        """A thread's wake-up event for ``key``, registered while the block runs."""
-        event = Wake()
+    def subscribe(self, key: str, owner: str = "") -> Iterator[Wake]:
+        """A thread's wake-up event for ``key``, registered while the block runs; with
+        ``owner``, it also keeps a release's handoff to that owner."""
+        event = Wake(owner)
         with self._registered(key, event):
             yield event
 
     @contextmanager
-    def subscribe_async(self, key: str) -> Iterator[AsyncWake]:
+    def subscribe_async(self, key: str, owner: str = "") -> Iterator[AsyncWake]:
         """A coroutine's wake-up event for ``key``, set through its event loop."""
-        waker = _LoopEvent()
+        waker = _LoopEvent(owner)
         with self._registered(key, waker):
             yield waker.event
 
@@ -127,11 +163,14 @@ class Waiters:
                     if not events:
                         del self._events[key]
 
-    def notify(self, key: str) -> int:
-        """Wake every waiter of ``key`` (they re-check by trying to acquire); how many."""
+    def notify(self, key: str, handoff: Handoff | None = None) -> int:
+        """Wake every waiter of ``key`` (they re-check by trying to acquire, except the
+        one ``handoff`` made the holder); how many."""
         with self._mutex:
             events = tuple(self._events.get(key, ()))
         for event in events:
+            if handoff is not None:
+                event.offer(handoff)
             event.set()
         return len(events)
 

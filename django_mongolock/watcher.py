@@ -6,8 +6,10 @@ thread tails those events on the lock collection and sets the wake-up events of 
 key's waiters only; they re-check by trying to acquire. While the stream is healthy
 waiters need not poll; when change streams are unavailable or the stream breaks,
 waiters fall back to their jittered back-off and the watcher resumes the stream (from
-its resume token when it can). The thread starts with the first waiter and ends after
-a minute without any.
+its resume token when it can). A release that handed the key to a waiter in line
+(``queries.release``) names it in the event: that waiter takes the lock from the event,
+without a request of its own. The thread starts with the first waiter and ends after a
+minute without any.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
@@ -25,9 +28,9 @@ from pymongo.errors import OperationFailure, PyMongoError
 from django_mongolock import clock, mongo, queries
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.store import LockStore
-from django_mongolock.waiters import Waiters
+from django_mongolock.waiters import Handoff, Waiters
 
-__all__ = ["Watcher"]
+__all__ = ["Watcher", "handoff_of"]
 
 logger = logging.getLogger("django_mongolock.watcher")
 
@@ -35,6 +38,24 @@ logger = logging.getLogger("django_mongolock.watcher")
 MAX_AWAIT = 0.5
 # The thread ends after this long with nobody waiting; the next waiter starts it again.
 IDLE_EXIT = 60.0
+
+
+def handoff_of(change: Mapping[str, Any]) -> Handoff | None:
+    """The handoff a release event reports, if the release made a waiter the holder.
+
+    Such a release changes ``owner`` (an id unique per acquisition), ``token`` (it
+    grows) and ``acquired_at``; an event without all three is only a wake-up.
+    """
+    fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+    owner, token, acquired_at = fields.get("owner"), fields.get("token"), fields.get("acquired_at")
+    if not isinstance(owner, str) or not owner or not isinstance(token, int):
+        return None
+    if not isinstance(acquired_at, datetime):
+        return None
+    expires_at = fields.get("expires_at")
+    return Handoff(
+        owner, token, acquired_at, expires_at if isinstance(expires_at, datetime) else None
+    )
 
 
 class Watcher:
@@ -103,7 +124,8 @@ class Watcher:
                         resume_token = stream.resume_token
                         if change is not None:
                             self.events += 1
-                            if self.waiters.notify(change["documentKey"]["_id"]):
+                            key = change["documentKey"]["_id"]
+                            if self.waiters.notify(key, handoff_of(change)):
                                 # Let the woken waiter take the interpreter lock now,
                                 # before this thread goes on to ask for the next event.
                                 time.sleep(0)

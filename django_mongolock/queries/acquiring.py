@@ -71,17 +71,22 @@ _ME: Final = "$$me"
 _LEASE_END: Final = {"$add": ["$$NOW", "$$ttl_ms"]}
 
 
-def _queue_busy(shared: bool) -> dict[str, Any]:
+def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
     """The document with the caller in its line of waiters (added, or its place renewed).
 
     A waiter's place lapses unless it tries again by shortly after the lease end it was
     told to wait for (it wakes at that lease end at the latest). A full line
     (``MAX_WAITERS`` live places) takes nobody new: the document is left as it is.
+    ``at`` is the server time of this attempt; with ``handoff`` the place also carries
+    the lease asked for, so that a release may hand the lock over to it
+    (``queries.release``).
     """
     until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
-    place: dict[str, Any] = {"owner": _ME, "until": until}
+    place: dict[str, Any] = {"owner": _ME, "until": until, "at": "$$NOW"}
     if shared:
         place["shared"] = True  # readers in line enter together (see _shared_turn)
+    elif handoff:
+        place.update(hand=True, ttl="$$ttl", ttl_ms="$$ttl_ms")
     return {
         "$cond": [
             {"$in": [_ME, "$$q.owner"]},
@@ -244,7 +249,9 @@ def _acquire_command(
         held_already: Any = {"$in": [_ME, {"$ifNull": ["$holders.owner", []]}]}
     else:
         held_already = {"$eq": ["$owner", _ME]}
-    busy = _queue_busy(shared) if queue else "$$ROOT"
+    # Only a plain exclusive waiter is handed the lock: the tags of a recipe's lock are
+    # written by its own acquire.
+    busy = _queue_busy(shared, handoff=not tag_names) if queue else "$$ROOT"
     decide = {
         "$switch": {
             "branches": [

@@ -60,6 +60,10 @@ PROJECTION: Final = {
 HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists": True}}]}
 # How long after the lease end it waits for a waiter keeps its place in line (ms).
 PLACE_GRACE_MS: Final = 2000
+# The first lease of a lock handed to a waiter by a release is at most this long (ms): a
+# waiter that died in line then holds the key back no longer than a lapsed place would.
+# A live one is woken by the release and its refresher extends the lease to its ttl.
+HANDOFF_LEASE_MS: Final = PLACE_GRACE_MS
 # The lists inside one document are capped far below MongoDB's 16 MB document limit (an
 # entry takes about 100 bytes): a blocking acquirer facing a full line, or a shared one
 # facing a full list of holders, is refused with ``LineFull`` instead of growing them.

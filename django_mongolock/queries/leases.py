@@ -16,8 +16,11 @@ from bson.raw_bson import RawBSONDocument
 from django_mongolock.queries.common import (
     ENDED,
     ENDED_KEEP,
+    HANDOFF_LEASE_MS,
     LIVE,
     LIVE_WAITERS,
+    MAX_WAITERS,
+    NEW_TOKEN,
     PLACE_GRACE_MS,
     PROJECTION,
     holder_is,
@@ -31,6 +34,7 @@ __all__ = [
     "Release",
     "Update",
     "give_up",
+    "leave",
     "leave_queue",
     "live_shared_owners",
     "refresh",
@@ -204,11 +208,10 @@ def live_shared_owners(docs: Iterable[Mapping[str, Any]], owners: Set[str]) -> s
 # place in line to the grace period from now: live waiters, woken by the release, renew
 # theirs at their next attempt; a dead waiter's place then lapses within the grace
 # period instead of at the lease end it was waiting for.
-_FREED: Final = {
-    "released_at": "$$NOW",
-    "waiters": {
+def _shortened(places: Any) -> dict[str, Any]:
+    return {
         "$map": {
-            "input": LIVE_WAITERS,
+            "input": places,
             "as": "w",
             "in": {
                 "$mergeObjects": [
@@ -217,8 +220,13 @@ _FREED: Final = {
                 ]
             },
         }
-    },
-}
+    }
+
+
+# ``released_at`` always changes (even two releases in one millisecond), so that the
+# change stream reports it and the watcher wakes the key's waiters on every release.
+_RELEASED_AT: Final = {"$max": ["$$NOW", {"$add": [{"$ifNull": ["$released_at", "$$NOW"]}, 1]}]}
+_FREED: Final = {"released_at": _RELEASED_AT, "waiters": _shortened(LIVE_WAITERS)}
 
 
 def _ended_with(owner: Any) -> dict[str, Any]:
@@ -252,32 +260,96 @@ def give_up(key: str, owner: str, *, shared: bool) -> Release:
     return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
 
 
-# The one release pipeline of every exclusive lock (also applied in bulk at exit).
-RELEASE_PIPELINE: Final = (
-    RawBSONDocument(
-        bson.encode(
+def _released(owner_matches: Any) -> dict[str, Any]:
+    """The release stage: free the document, or hand it to the first waiter in line.
+
+    Only a live lease is released (``owner_matches`` says whether it is the caller's).
+    When the first live place in line is a plain exclusive waiter's (it carries
+    ``hand``), the same write makes that waiter the holder: a new token, its lease
+    (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
+    taken out of the line; the waiter learns it from the change stream, without a write
+    of its own. Otherwise (nobody in line, or a shared reader first) the key is freed and
+    the waiters try again, as before.
+    """
+    freed = {
+        "$mergeObjects": [
+            "$$ROOT",
             {
-                "$replaceWith": {
-                    "$cond": [
-                        LIVE,
-                        {
-                            "$mergeObjects": [
-                                "$$ROOT",
-                                {
-                                    "owner": None,
-                                    **_FREED,
-                                    "expires_at": "$$NOW",
-                                    "ended": _ended_with("$owner"),
-                                },
-                            ]
-                        },
-                        "$$ROOT",
-                    ]
+                "owner": None,
+                "released_at": _RELEASED_AT,
+                "waiters": _shortened("$$q"),
+                "expires_at": "$$NOW",
+                "ended": _ended_with("$owner"),
+            },
+        ]
+    }
+    handed = {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "owner": "$$n.owner",
+                "token": NEW_TOKEN,
+                "acquired_at": "$$NOW",
+                "refreshed_at": "$$NOW",
+                "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
+                "ttl": "$$n.ttl",
+                "released_at": _RELEASED_AT,
+                "waiters": _shortened({"$slice": ["$$q", 1, MAX_WAITERS]}),
+                "ended": _ended_with("$owner"),
+                "group": None,
+                "kind": None,
+            },
+        ]
+    }
+    handing = {"$eq": ["$$n.hand", True]}
+    decide = {
+        "$let": {
+            "vars": {"q": LIVE_WAITERS},
+            "in": {
+                "$let": {
+                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}},
+                    "in": {"$cond": [handing, handed, freed]},
                 }
-            }
-        )
-    ),
-)
+            },
+        }
+    }
+    return {"$replaceWith": {"$cond": [{"$and": [LIVE, owner_matches]}, decide, "$$ROOT"]}}
+
+
+# The one release pipeline of every exclusive lock (also applied in bulk at exit): the
+# filter names the holder, so the owner needs no second test.
+RELEASE_PIPELINE: Final = (RawBSONDocument(bson.encode(_released(True))),)
+
+
+def leave(key: str, owner: str) -> Release:
+    """Stop waiting: leave the line, and give back the lock if a release handed it over.
+
+    One write, so that a release handing the key to ``owner`` cannot come between
+    looking and leaving (a timeout or a cancellation at that moment must not leave the
+    key held by nobody): a live lease of ``owner`` is released (and handed on) as its
+    holder would; otherwise the place is taken out of the line.
+    """
+    me = {"$literal": owner}
+    mine = {"$eq": ["$owner", me]}
+    stage = _released(mine)
+    out = {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "waiters": {
+                    "$filter": {
+                        "input": {"$ifNull": ["$waiters", []]},
+                        "as": "w",
+                        "cond": {"$ne": ["$$w.owner", me]},
+                    }
+                }
+            },
+        ]
+    }
+    return Release(
+        {"_id": key},
+        [{"$replaceWith": {"$cond": [{"$and": [mine, LIVE]}, stage["$replaceWith"], out]}}],
+    )
 
 
 def release_shared(key: str, owner: str, token: int) -> Update:
@@ -340,13 +412,15 @@ def release_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], 
     return query, list(RELEASE_PIPELINE)
 
 
-def still_freed(key: str, token: int) -> dict[str, Any]:
-    """The document of ``key`` still free at ``token``: nobody has taken the key since.
+def still_freed(key: str, owner: str) -> dict[str, Any]:
+    """The document of ``key`` if a release by ``owner`` was applied.
 
     A release sent twice whose second send changed nothing freed the document with its
-    first if this matches.
+    first if this matches: a release records its owner in ``ended``, which the next
+    holders keep (a release that handed the key on, or a later acquisition, changes
+    ``owner`` and ``token``, not that).
     """
-    return {"_id": key, "owner": None, "token": token}
+    return {"_id": key, "ended": owner}
 
 
 def released_live(doc: Mapping[str, Any] | None) -> bool:

@@ -87,6 +87,12 @@ class HolderQueries(StoreBase):
         with self._translate:
             self.collection.update_one(*queries.leave_queue(key, owner))
 
+    def leave(self, key: str, owner: str) -> None:
+        """Stop waiting: leave the line, or give back a lock a release handed over (one
+        write, see ``queries.leave``)."""
+        with self._translate:
+            self._send(queries.leave(key, owner).command(self.collection.name))
+
     def _update(self, op: queries.Update) -> Any:
         return self.collection.find_one_and_update(
             op.filter,
@@ -123,9 +129,9 @@ class HolderQueries(StoreBase):
             reply, retried = self._send(command)
             if reply["nModified"] or not retried:
                 return bool(reply["nModified"])
-            # Sent twice and the second changed nothing: the first freed the document if
-            # it is still free at this lock's token (nobody has taken the key since).
-            freed = queries.still_freed(key, token)
+            # Sent twice and the second changed nothing: the first freed the document
+            # (or handed it on) if the document records this owner's release.
+            freed = queries.still_freed(key, owner)
             return self.collection.find_one(freed, projection={"_id": 1}) is not None
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:

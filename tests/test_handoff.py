@@ -1,0 +1,357 @@
+"""A release hands the lock to the first waiter in line, in the release write itself.
+
+Waiters are processes of their own (spawned), so the lock really crosses processes and
+the waiter learns of it from its change stream. The documents are read back from the
+server right after each release: the handoff is in the release write, not in a later
+write of the waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import Lock, LockManager, LockNotAcquired
+from django_mongolock.info import LockInfo
+from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.watcher import Watcher
+
+# How long a waiter in line or a test waits for anything at most (never reached when green).
+BOUND = 60.0
+FIRST_LEASE = HANDOFF_LEASE_MS / 1000
+BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
+
+
+def wait_then_hold(
+    url: str, database: str, key: str, ttl: float, hold: float, results: Any
+) -> None:
+    """A waiter process: block on ``key``, hold it ``hold`` seconds, release; report both.
+
+    While inside it counts itself in the ``inside`` document, and reports how many
+    holders it found there (another holder inside would be an overlap).
+    """
+    manager = LockManager(url, database=database, collection="locks")
+    client: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
+    inside = client[database]["inside"]
+    try:
+        lock = manager.acquire(key, ttl=ttl, timeout=BOUND)
+        got = time.monotonic()
+        before = inside.find_one_and_update({"_id": key}, {"$inc": {"n": 1}}, upsert=True)
+        others = 0 if before is None else int(before.get("n", 0))
+        time.sleep(hold)
+        valid = lock.valid
+        inside.update_one({"_id": key}, {"$inc": {"n": -1}})
+        released = lock.release()
+        results.put(
+            {
+                "pid": os.getpid(),
+                "owner": lock.owner,
+                "token": lock.token,
+                "got": got,
+                "others": others,
+                "valid": valid,
+                "released": released,
+            }
+        )
+    except Exception as exc:  # reported to the test
+        results.put({"pid": os.getpid(), "error": repr(exc)})
+    finally:
+        client.close()
+        manager.close()
+
+
+@contextmanager
+def _collection(url: str, database: str) -> Iterator[Any]:
+    client: MongoClient[dict[str, Any]] = MongoClient(url, tz_aware=True)
+    try:
+        yield client[database]["locks"]
+    finally:
+        client.close()
+
+
+def _line(locks: Any, key: str) -> list[str]:
+    doc = locks.find_one({"_id": key}) or {}
+    return [place["owner"] for place in doc.get("waiters") or ()]
+
+
+def _join(
+    context: Any, url: str, database: str, key: str, locks: Any, results: Any, **kwargs: Any
+) -> tuple[Any, str]:
+    """Start a waiter process and wait until it has a place in line: (process, owner)."""
+    before = _line(locks, key)
+    process = context.Process(
+        target=wait_then_hold,
+        args=(url, database, key, kwargs.get("ttl", 30.0), kwargs.get("hold", 0.3), results),
+    )
+    process.start()
+    deadline = time.monotonic() + BOUND
+    while len(line := _line(locks, key)) <= len(before):
+        assert time.monotonic() < deadline, "the waiter never joined the line"
+        assert process.is_alive() or not results.empty(), "the waiter ended early"
+        time.sleep(0.02)
+    return process, line[-1]
+
+
+def _results(results: Any, count: int) -> list[dict[str, Any]]:
+    got = [results.get(timeout=BOUND) for _ in range(count)]
+    for result in got:
+        assert "error" not in result, result
+    return got
+
+
+def test_a_release_hands_the_lock_to_the_head_of_the_line_across_processes(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    key = "handoff-line"
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    holder = manager.acquire(key, ttl=30)
+    with _collection(mongolock_url, manager.database) as locks:
+        first, first_owner = _join(context, mongolock_url, manager.database, key, locks, results)
+        second, second_owner = _join(context, mongolock_url, manager.database, key, locks, results)
+        assert _line(locks, key) == [first_owner, second_owner]
+        # Let both waiters' change streams open (they wait on them, not on a timer).
+        time.sleep(1.0)
+        assert holder.release()
+        handed = locks.find_one({"_id": key})
+        assert handed is not None
+        # The release write itself made the head of the line the holder, with a greater
+        # token; the second waiter keeps its place.
+        assert handed["owner"] == first_owner
+        assert handed["token"] > holder.token
+        assert [place["owner"] for place in handed["waiters"]] == [second_owner]
+        by_owner = {result["owner"]: result for result in _results(results, 2)}
+    for process in (first, second):
+        process.join(BOUND)
+        assert process.exitcode == 0
+    one, two = by_owner[first_owner], by_owner[second_owner]
+    # The first waiter got the very lease the release handed over, and passed it on.
+    assert one["token"] == handed["token"]
+    assert holder.token < one["token"] < two["token"]
+    assert one["got"] < two["got"]
+    assert (one["others"], two["others"]) == (0, 0)
+    assert [one["valid"], two["valid"], one["released"], two["released"]] == [True] * 4
+
+
+def test_a_killed_waiter_is_skipped_within_its_first_lease(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The release cannot know that the head of the line just died: the dead waiter is
+    handed the lock with a first lease of ``HANDOFF_LEASE_MS`` (not its ttl of 30 s),
+    which it never extends; the next waiter takes the key when that lease ends."""
+    key = "handoff-dead"
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    holder = manager.acquire(key, ttl=30)
+    with _collection(mongolock_url, manager.database) as locks:
+        dead, dead_owner = _join(context, mongolock_url, manager.database, key, locks, results)
+        alive, alive_owner = _join(context, mongolock_url, manager.database, key, locks, results)
+        time.sleep(1.0)
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.join(BOUND)
+        released_at = time.monotonic()
+        assert holder.release()
+        handed = locks.find_one({"_id": key})
+        assert handed is not None
+        assert handed["owner"] == dead_owner
+        assert handed["expires_at"] <= handed["acquired_at"] + timedelta(seconds=FIRST_LEASE)
+        [result] = _results(results, 1)
+    alive.join(BOUND)
+    assert alive.exitcode == 0
+    assert result["owner"] == alive_owner
+    assert holder.token < handed["token"] < result["token"]
+    assert result["others"] == 0
+    # Held back by the dead waiter's first lease, not by the 30 s it asked for.
+    waited = result["got"] - released_at
+    assert waited >= FIRST_LEASE - 0.1
+    assert waited < FIRST_LEASE + BEHIND_IN_LINE + 10.0
+
+
+def test_tokens_grow_and_sections_never_overlap_through_many_handoffs(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """Four processes take turns through handoffs; every token is greater than the last."""
+    key = "handoff-many"
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    holder = manager.acquire(key, ttl=30)
+    processes = []
+    with _collection(mongolock_url, manager.database) as locks:
+        for _ in range(4):
+            process, _ = _join(
+                context, mongolock_url, manager.database, key, locks, results, hold=0.05
+            )
+            processes.append(process)
+        time.sleep(1.0)
+        assert holder.release()
+        got = sorted(_results(results, 4), key=lambda result: result["got"])
+    for process in processes:
+        process.join(BOUND)
+        assert process.exitcode == 0
+    tokens = [holder.token] + [result["token"] for result in got]
+    assert tokens == sorted(set(tokens))
+    assert all(result["others"] == 0 and result["valid"] for result in got)
+
+
+def test_a_handed_lock_is_extended_to_its_ttl(manager: LockManager, other: LockManager) -> None:
+    """Its first lease is short; the refresher extends it to the ttl asked for, and a
+    waiter without the refresher extends it before the acquire returns."""
+    for refresh in (True, False):
+        key = f"handoff-extended-{refresh}"
+        holder = manager.acquire(key, ttl=30)
+        box: list[Any] = []
+
+        def wait(key: str = key, refresh: bool = refresh, box: list[Any] = box) -> None:
+            box.append(other.acquire(key, ttl=30, timeout=BOUND, refresh=refresh))
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        _until(lambda key=key: bool(_status(manager, key).waiting))
+        time.sleep(1.0)  # the waiter's stream is open
+        holder.release()
+        thread.join(BOUND)
+        [lock] = box
+        assert isinstance(lock, Lock)
+        assert lock.token > holder.token
+        assert lock.ttl == 30
+        time.sleep(FIRST_LEASE + 0.5)
+        assert lock.valid
+        info = _status(manager, key)
+        assert info.owner == lock.owner
+        assert info.remaining > 20
+        assert lock.release()
+
+
+def test_a_waiter_that_finds_the_lock_handed_to_it_by_its_own_attempt_keeps_it(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a change stream the waiter polls: its next attempt finds the lock already
+    its own, with the short first lease, and the refresher still extends it in time."""
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    key = "handoff-polled"
+    holder = manager.acquire(key, ttl=30)
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(other.acquire(key, ttl=30, timeout=BOUND)))
+    thread.start()
+    _until(lambda: bool(_status(manager, key).waiting))
+    holder.release()
+    handed = _status(manager, key)
+    assert handed.expires_at - handed.acquired_at <= timedelta(seconds=FIRST_LEASE)
+    assert handed.ttl == 30
+    thread.join(BOUND)
+    [lock] = box
+    assert isinstance(lock, Lock)
+    assert (lock.owner, lock.token) == (handed.owner, handed.token)
+    time.sleep(FIRST_LEASE + 0.5)
+    assert lock.valid
+    assert _status(manager, key).remaining > 20
+    assert lock.release()
+
+
+def test_a_waiter_that_stops_waiting_gives_back_a_lock_handed_to_it(
+    mongolock_url: str, manager: LockManager, other: LockManager
+) -> None:
+    """Leaving the line is one write that also releases a lock a release just handed
+    over (and hands it on): the key is never held by nobody."""
+    key = "handoff-leave"
+    holder = manager.acquire(key, ttl=30)
+    store = other.store
+    quitter, next_one = other.new_owner(), other.new_owner()
+    for owner in (quitter, next_one):
+        info = store.acquire(key, owner, 30.0, queue=True)
+        assert info.owner == holder.owner
+    assert holder.release()
+    assert _status(manager, key).owner == quitter
+    store.leave(key, quitter)
+    after = _status(manager, key)
+    assert after.owner == next_one
+    store.leave(key, next_one)
+    with _collection(mongolock_url, manager.database) as locks:
+        freed = locks.find_one({"_id": key})
+        assert freed is not None
+        assert (freed["owner"], freed["waiters"]) == (None, [])
+        # Leaving again, or leaving a line one is not in, changes nothing.
+        store.leave(key, quitter)
+        assert locks.find_one({"_id": key}) == freed
+    assert manager.status(key) is None
+
+
+def test_a_timed_out_waiter_leaves_nothing_held(manager: LockManager, other: LockManager) -> None:
+    key = "handoff-timeout"
+    holder = manager.acquire(key, ttl=30)
+    with pytest.raises(LockNotAcquired):
+        other.acquire(key, ttl=30, timeout=0.5)
+    assert holder.release()
+    assert manager.status(key) is None  # nobody holds it, nobody was handed it
+
+
+def test_a_cancelled_async_waiter_gives_back_a_lock_handed_to_it(
+    manager: LockManager, other: LockManager
+) -> None:
+    """Cancelled right after a release handed it the lock, the waiter's task leaves the
+    line with one write that releases the lock too; the next one in line gets it."""
+    key = "handoff-cancel"
+    holder = manager.acquire(key, ttl=30)
+    next_one = other.new_owner()
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(other.aacquire(key, ttl=30, timeout=BOUND))
+        while not _status(manager, key).waiting:
+            await asyncio.sleep(0.02)
+        info = other.store.acquire(key, next_one, 30.0, queue=True)
+        assert info.position == 1
+        # Hand the lock to the task's request, then cancel it before it can take it.
+        assert holder.release()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + BOUND
+        while _status(manager, key).owner != next_one:
+            assert time.monotonic() < deadline, _status(manager, key)
+            await asyncio.sleep(0.02)
+
+    asyncio.run(scenario())
+    other.store.leave(key, next_one)
+    assert manager.status(key) is None
+
+
+def test_shared_waiters_are_not_handed_an_exclusive_release(
+    manager: LockManager, other: LockManager
+) -> None:
+    """A reader first in line is woken to enter with the other readers: the release
+    frees the key instead of handing it over."""
+    key = "handoff-shared"
+    holder = manager.acquire(key, ttl=30)
+    reader = other.new_owner()
+    info = other.store.acquire(key, reader, 30.0, queue=True, shared=True)
+    assert info.position == 0
+    assert holder.release()
+    assert manager.status(key) is None  # freed, not handed to the reader
+    taken = other.store.acquire(key, reader, 30.0, queue=True, shared=True)
+    assert taken.as_holder(reader) is not None
+    assert taken.token > holder.token
+    other.store.release(key, reader, taken.token, shared=True)
+
+
+def _status(manager: LockManager, key: str) -> LockInfo:
+    info = manager.status(key)
+    assert info is not None
+    return info
+
+
+def _until(condition: Any) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
