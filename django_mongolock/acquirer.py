@@ -62,7 +62,8 @@ class Request:
         """This request's lease, if the attempt that returned ``info`` got one."""
         if self.shared:
             return info.as_holder(self.owner)
-        return info if info.owner == self.owner else None
+        # A lease a release handed over may have lapsed before the waiter took it.
+        return info if info.owner == self.owner and info.live else None
 
 
 class WaitPlan:

@@ -259,6 +259,47 @@ def test_a_waiter_that_finds_the_lock_handed_to_it_by_its_own_attempt_keeps_it(
     assert lock.release()
 
 
+def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
+    mongolock_url: str, manager: LockManager, other: LockManager
+) -> None:
+    """A waiter that learns of its handoff only after its first lease lapsed is not
+    refused: its next attempt takes the free key with a new token, or, behind others,
+    joins the line again; once it leaves, the lapsed lease is over for good."""
+    store = other.store
+    for behind in (False, True):
+        key = f"handoff-lapsed-{behind}"
+        holder = manager.acquire(key, ttl=30)
+        slow = other.new_owner()
+        store.acquire(key, slow, 30.0, queue=True)
+        assert holder.release()
+        handed = _status(manager, key)
+        assert handed.owner == slow
+        kept = other.new_owner()
+        if behind:
+            store.acquire(key, kept, 30.0, queue=True)
+        time.sleep(FIRST_LEASE + 0.2)
+        info = store.acquire(key, slow, 30.0, queue=True)
+        if behind:
+            # Behind the waiter that kept its place: in line again, not refused.
+            assert (info.owner, info.live, info.position) == (slow, False, 1)
+            store.leave(key, slow)
+            with _collection(mongolock_url, manager.database) as locks:
+                doc = locks.find_one({"_id": key})
+                assert doc is not None
+                assert slow in doc["ended"]
+            # A late duplicate of its attempt changes nothing now.
+            late = store.acquire(key, slow, 30.0, queue=True)
+            assert (late.live, late.position) == (False, -1)
+            taken = store.acquire(key, kept, 30.0, queue=True)
+            assert (taken.owner, taken.live) == (kept, True)
+            assert taken.token > handed.token
+            assert store.release(key, kept, taken.token)
+        else:
+            assert (info.owner, info.live) == (slow, True)
+            assert info.token > handed.token
+            assert store.release(key, slow, info.token)
+
+
 def test_a_waiter_that_stops_waiting_gives_back_a_lock_handed_to_it(
     mongolock_url: str, manager: LockManager, other: LockManager
 ) -> None:

@@ -342,7 +342,10 @@ def leave(key: str, owner: str) -> Release:
                         "as": "w",
                         "cond": {"$ne": ["$$w.owner", me]},
                     }
-                }
+                },
+                # A handed lease that lapsed is over for good: a late duplicate of one
+                # of this waiter's attempts must not take the key again.
+                "ended": {"$cond": [mine, _ended_with(me), ENDED]},
             },
         ]
     }
