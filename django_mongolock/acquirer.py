@@ -120,6 +120,12 @@ class WaitPlan:
         self.sent_at, self.info, self.seen = sent_at, info, seen
         return self.request.taken(info)
 
+    def rename(self, owner: str) -> None:
+        """Wait on as a new acquisition: a lease a release handed to this one lapsed
+        before it could take it, which ends that acquisition for good (a late duplicate
+        of its attempts must change nothing), but not the caller's wait."""
+        self.request = replace(self.request, owner=owner)
+
     def handed(self, handoff: Handoff | None) -> LockInfo | None:
         """The lease a release handed to this request, if ``handoff`` is one for it that
         came after the last attempt.

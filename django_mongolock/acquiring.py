@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from django_mongolock import clock
 from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
 from django_mongolock.astore import AsyncLockStore
-from django_mongolock.exceptions import MongoLockError
+from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.info import LockInfo
 from django_mongolock.lock import Lock, LockBackend
 from django_mongolock.refresher import get_refresher
@@ -43,6 +43,8 @@ class Source(LockBackend, Protocol):
     @property
     def watcher(self) -> Watcher: ...
 
+    def new_owner(self) -> str: ...
+
 
 def acquire(
     source: Source,
@@ -65,19 +67,20 @@ def acquire(
     else:
         # Subscribe before the first attempt: a release right after it must wake us.
         with source.waiters.subscribe(request.key, request.owner) as wake:
+            plan: WaitPlan | None = None
             try:
                 sent_at = clock.now()
                 info = store.acquire(**request.arguments(queue=True))
                 mine = request.taken(info)
                 if mine is None:
-                    sent_at, mine = _wait(
-                        source, store, WaitPlan(request, wait, sent_at, info), wake
-                    )
+                    plan = WaitPlan(request, wait, sent_at, info)
+                    sent_at, mine = _wait(source, store, plan, wake)
+                    request = plan.request
             except BaseException as exc:
                 # A timeout left the line already; a server error leaves the place to
                 # lapse. Anything else (KeyboardInterrupt, ...) must not keep it.
                 if not isinstance(exc, MongoLockError):
-                    _abandon(store, request)
+                    _abandon(store, request if plan is None else plan.request)
                 raise
     mine = first_lease(mine, request)
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):
@@ -115,7 +118,15 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
         wake.handed = None  # a handoff from here on comes after this attempt
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
-        mine = plan.answered(sent_at, store.acquire(**plan.request.arguments(queue=True)), seen)
+        try:
+            info = store.acquire(**plan.request.arguments(queue=True))
+        except LockNotAcquired as exc:
+            if type(exc) is not LockNotAcquired:
+                raise
+            _renamed(source, plan, wake)
+            seen, sent_at = wake.count, clock.now()
+            info = store.acquire(**plan.request.arguments(queue=True))
+        mine = plan.answered(sent_at, info, seen)
         if mine is not None:
             return sent_at, mine
 
@@ -137,6 +148,7 @@ async def aacquire(
             raise busy(info)
     else:
         with source.waiters.subscribe_async(request.key, request.owner) as wake:
+            plan: WaitPlan | None = None
             try:
                 sent_at = clock.now()
                 info = await _shielded(store, request, queue=True)
@@ -144,12 +156,13 @@ async def aacquire(
                 if mine is None:
                     plan = WaitPlan(request, wait, sent_at, info)
                     sent_at, mine = await _await(source, store, plan, wake)
+                    request = plan.request
             except BaseException as exc:
                 # Cancelled (a task cancelled, a request aborted): leave the line as
                 # a timeout does, or the next holder would wait for our place. (A
                 # coroutine closed by its garbage collection may not await any more.)
                 if not isinstance(exc, MongoLockError | GeneratorExit):
-                    await _leave_line(store, request)
+                    await _leave_line(store, request if plan is None else plan.request)
                 raise
     mine = first_lease(mine, request)
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):  # see acquire
@@ -194,9 +207,30 @@ async def _await(
         wake.handed = None  # see _wait
         watcher.ensure_running()
         seen, sent_at = wake.count, clock.now()
-        mine = plan.answered(sent_at, await _shielded(store, plan.request, queue=True), seen)
+        try:
+            info = await _shielded(store, plan.request, queue=True)
+        except LockNotAcquired as exc:
+            if type(exc) is not LockNotAcquired:
+                raise
+            _renamed(source, plan, wake)
+            seen, sent_at = wake.count, clock.now()
+            info = await _shielded(store, plan.request, queue=True)
+        mine = plan.answered(sent_at, info, seen)
         if mine is not None:
             return sent_at, mine
+
+
+def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
+    """Go on waiting as a new acquisition after the attempt found this one ended.
+
+    While waiting, only a lease a release handed over can end the acquisition (the
+    store refuses, as for any request whose lease ended before it took it): it lapsed
+    before the waiter learnt of it. The caller's wait is not over: it joins the line
+    again under a new owner id, and that lapsed lease stays over for good.
+    """
+    plan.rename(source.new_owner())
+    wake.owner = plan.request.owner
+    wake.handed = None
 
 
 def _unkept(mine: LockInfo, request: Request, keep: bool) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import Lock, LockManager, LockNotAcquired
+from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.watcher import Watcher
@@ -260,44 +260,59 @@ def test_a_waiter_that_finds_the_lock_handed_to_it_by_its_own_attempt_keeps_it(
 
 
 def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter that sleeps past its handed first lease (no change stream, a long
+    sleep) is not refused when it wakes: that acquisition is over, and the wait goes on
+    as a new one, which takes the free key with a new token."""
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    monkeypatch.setattr(
+        acquirer, "next_delay", lambda info, since, sent_at, attempt: (FIRST_LEASE + 1.0, attempt)
+    )
+    key = "handoff-slow"
+    holder = manager.acquire(key, ttl=30)
+    box: list[Any] = []
+
+    def wait() -> None:
+        try:
+            box.append(other.acquire(key, ttl=30, timeout=BOUND))
+        except Exception as exc:  # reported to the test
+            box.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    _until(lambda: bool(_status(manager, key).waiting))
+    assert holder.release()
+    handed = _status(manager, key)
+    thread.join(BOUND)
+    [lock] = box
+    assert isinstance(lock, Lock), lock
+    assert lock.owner != handed.owner
+    assert lock.token > handed.token
+    assert lock.valid
+    assert lock.release()
+
+
+def test_leaving_ends_a_lapsed_handed_lease_for_good(
     mongolock_url: str, manager: LockManager, other: LockManager
 ) -> None:
-    """A waiter that learns of its handoff only after its first lease lapsed is not
-    refused: its next attempt takes the free key with a new token, or, behind others,
-    joins the line again; once it leaves, the lapsed lease is over for good."""
     store = other.store
-    for behind in (False, True):
-        key = f"handoff-lapsed-{behind}"
-        holder = manager.acquire(key, ttl=30)
-        slow = other.new_owner()
-        store.acquire(key, slow, 30.0, queue=True)
-        assert holder.release()
-        handed = _status(manager, key)
-        assert handed.owner == slow
-        kept = other.new_owner()
-        if behind:
-            store.acquire(key, kept, 30.0, queue=True)
-        time.sleep(FIRST_LEASE + 0.2)
-        info = store.acquire(key, slow, 30.0, queue=True)
-        if behind:
-            # Behind the waiter that kept its place: in line again, not refused.
-            assert (info.owner, info.live, info.position) == (slow, False, 1)
-            store.leave(key, slow)
-            with _collection(mongolock_url, manager.database) as locks:
-                doc = locks.find_one({"_id": key})
-                assert doc is not None
-                assert slow in doc["ended"]
-            # A late duplicate of its attempt changes nothing now.
-            late = store.acquire(key, slow, 30.0, queue=True)
-            assert (late.live, late.position) == (False, -1)
-            taken = store.acquire(key, kept, 30.0, queue=True)
-            assert (taken.owner, taken.live) == (kept, True)
-            assert taken.token > handed.token
-            assert store.release(key, kept, taken.token)
-        else:
-            assert (info.owner, info.live) == (slow, True)
-            assert info.token > handed.token
-            assert store.release(key, slow, info.token)
+    key = "handoff-lapsed"
+    holder = manager.acquire(key, ttl=30)
+    slow = other.new_owner()
+    store.acquire(key, slow, 30.0, queue=True)
+    assert holder.release()
+    assert _status(manager, key).owner == slow
+    time.sleep(FIRST_LEASE + 0.2)
+    store.leave(key, slow)
+    with _collection(mongolock_url, manager.database) as locks:
+        before = locks.find_one({"_id": key})
+        assert before is not None
+        assert slow in before["ended"]
+        # A late duplicate of one of its attempts changes nothing.
+        with pytest.raises(LockNotAcquired):
+            store.acquire(key, slow, 30.0, queue=True)
+        assert locks.find_one({"_id": key}) == before
 
 
 def test_a_waiter_that_stops_waiting_gives_back_a_lock_handed_to_it(

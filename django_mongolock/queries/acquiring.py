@@ -20,7 +20,6 @@ from django_mongolock.exceptions import LimitConflict, LineFull, LockNotAcquired
 from django_mongolock.info import LockInfo
 from django_mongolock.queries.common import (
     ENDED,
-    LIVE,
     LIVE_HOLDERS,
     LIVE_WAITERS,
     MAX_HOLDERS,
@@ -250,10 +249,6 @@ def _acquire_command(
         held_already: Any = {"$in": [_ME, {"$ifNull": ["$holders.owner", []]}]}
     else:
         held_already = {"$eq": ["$owner", _ME]}
-        if queue:
-            # A waiter whose handed lease lapsed before it could take it (see
-            # ``queries.release``) waits on: its own ended lease is a free key to it.
-            held_already = {"$and": [held_already, LIVE]}
     # Only a plain exclusive waiter is handed the lock: the tags of a recipe's lock are
     # written by its own acquire.
     busy = _queue_busy(shared, handoff=not tag_names) if queue else "$$ROOT"
@@ -336,9 +331,7 @@ def refused(
         if len(live) >= MAX_HOLDERS:
             raise LineFull(info.key, MAX_HOLDERS, "shared holders")
     elif info.owner == owner:
-        if info.live or queue:
-            # A waiter that was handed a lease which lapsed before it took it goes on
-            # waiting (``Request.taken`` does not take an ended lease).
+        if info.live:
             return info
         raise _ended(info.key, owner, info.expires_at)
     if queue and info.position < 0 and info.waiting >= MAX_WAITERS:

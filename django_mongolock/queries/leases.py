@@ -235,7 +235,8 @@ def _ended_with(owner: Any) -> dict[str, Any]:
 
 
 def release(key: str, owner: str, token: int) -> Release:
-    """Give up an exclusive lock: free its document in place, in one round trip.
+    """Give up an exclusive lock in one round trip: hand it to the first waiter in line
+    (see ``_released``), or free its document in place.
 
     The document stays (without an owner it is no lock, and the TTL index purges it
     ``RETENTION`` seconds later), so the line of waiters survives the release, the next
