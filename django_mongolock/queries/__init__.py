@@ -6,6 +6,7 @@ share every guarantee, and a query can be read (and tested) without a server.
 - ``common``: the expressions all lock queries share (liveness, projection, tokens);
 - ``acquiring``: the acquire upsert, and what its reply means;
 - ``leases``: refresh, release, leaving a line;
+- ``handing``: what a release writes: the key freed, or handed to the first waiter;
 - ``inspection``: find, list, count, force release;
 - ``records``: process heartbeats and the audit trail;
 - ``indexes``: the indexes to keep, and the plan to get there;

@@ -15,17 +15,16 @@ from bson.raw_bson import RawBSONDocument
 
 from django_mongolock.queries.common import (
     ENDED,
-    ENDED_KEEP,
-    HANDOFF_LEASE_MS,
     LIVE,
-    LIVE_WAITERS,
-    MAX_WAITERS,
-    NEW_TOKEN,
-    PLACE_GRACE_MS,
     PROJECTION,
     holder_is,
     lease_end,
     mine,
+)
+from django_mongolock.queries.handing import (
+    FREED,
+    ended_with,
+    release_stage,
 )
 
 __all__ = [
@@ -204,36 +203,6 @@ def live_shared_owners(docs: Iterable[Mapping[str, Any]], owners: Set[str]) -> s
     }
 
 
-# A release marks the document freed (the watcher wakes waiters on it) and shortens every
-# place in line to the grace period from now: live waiters, woken by the release, renew
-# theirs at their next attempt; a dead waiter's place then lapses within the grace
-# period instead of at the lease end it was waiting for.
-def _shortened(places: Any) -> dict[str, Any]:
-    return {
-        "$map": {
-            "input": places,
-            "as": "w",
-            "in": {
-                "$mergeObjects": [
-                    "$$w",
-                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]}},
-                ]
-            },
-        }
-    }
-
-
-# ``released_at`` always changes (even two releases in one millisecond), so that the
-# change stream reports it and the watcher wakes the key's waiters on every release.
-_RELEASED_AT: Final = {"$max": ["$$NOW", {"$add": [{"$ifNull": ["$released_at", "$$NOW"]}, 1]}]}
-_FREED: Final = {"released_at": _RELEASED_AT, "waiters": _shortened(LIVE_WAITERS)}
-
-
-def _ended_with(owner: Any) -> dict[str, Any]:
-    """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
-    return {"$slice": [{"$concatArrays": [[owner], ENDED]}, ENDED_KEEP]}
-
-
 def release(key: str, owner: str, token: int) -> Release:
     """Give up an exclusive lock in one round trip: hand it to the first waiter in line
     (see ``_released``), or free its document in place.
@@ -261,65 +230,9 @@ def give_up(key: str, owner: str, *, shared: bool) -> Release:
     return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
 
 
-def _released(owner_matches: Any) -> dict[str, Any]:
-    """The release stage: free the document, or hand it to the first waiter in line.
-
-    Only a live lease is released (``owner_matches`` says whether it is the caller's).
-    When the first live place in line is a plain exclusive waiter's (it carries
-    ``hand``), the same write makes that waiter the holder: a new token, its lease
-    (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
-    taken out of the line; the waiter learns it from the change stream, without a write
-    of its own. Otherwise (nobody in line, or a shared reader first) the key is freed and
-    the waiters try again, as before.
-    """
-    freed = {
-        "$mergeObjects": [
-            "$$ROOT",
-            {
-                "owner": None,
-                "released_at": _RELEASED_AT,
-                "waiters": _shortened("$$q"),
-                "expires_at": "$$NOW",
-                "ended": _ended_with("$owner"),
-            },
-        ]
-    }
-    handed = {
-        "$mergeObjects": [
-            "$$ROOT",
-            {
-                "owner": "$$n.owner",
-                "token": NEW_TOKEN,
-                "acquired_at": "$$NOW",
-                "refreshed_at": "$$NOW",
-                "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
-                "ttl": "$$n.ttl",
-                "released_at": _RELEASED_AT,
-                "waiters": _shortened({"$slice": ["$$q", 1, MAX_WAITERS]}),
-                "ended": _ended_with("$owner"),
-                "group": None,
-                "kind": None,
-            },
-        ]
-    }
-    handing = {"$eq": ["$$n.hand", True]}
-    decide = {
-        "$let": {
-            "vars": {"q": LIVE_WAITERS},
-            "in": {
-                "$let": {
-                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}},
-                    "in": {"$cond": [handing, handed, freed]},
-                }
-            },
-        }
-    }
-    return {"$replaceWith": {"$cond": [{"$and": [LIVE, owner_matches]}, decide, "$$ROOT"]}}
-
-
 # The one release pipeline of every exclusive lock (also applied in bulk at exit): the
 # filter names the holder, so the owner needs no second test.
-RELEASE_PIPELINE: Final = (RawBSONDocument(bson.encode(_released(True))),)
+RELEASE_PIPELINE: Final = (RawBSONDocument(bson.encode(release_stage(True))),)
 
 
 def leave(key: str, owner: str) -> Release:
@@ -332,7 +245,7 @@ def leave(key: str, owner: str) -> Release:
     """
     me = {"$literal": owner}
     mine = {"$eq": ["$owner", me]}
-    stage = _released(mine)
+    stage = release_stage(mine)
     out = {
         "$mergeObjects": [
             "$$ROOT",
@@ -346,7 +259,7 @@ def leave(key: str, owner: str) -> Release:
                 },
                 # A handed lease that lapsed is over for good: a late duplicate of one
                 # of this waiter's attempts must not take the key again.
-                "ended": {"$cond": [mine, _ended_with(me), ENDED]},
+                "ended": {"$cond": [mine, ended_with(me), ENDED]},
             },
         ]
     }
@@ -371,8 +284,8 @@ def release_shared(key: str, owner: str, token: int) -> Update:
                             "cond": {"$ne": ["$$h.owner", me]},
                         }
                     },
-                    **_FREED,
-                    "ended": _ended_with(me),
+                    **FREED,
+                    "ended": ended_with(me),
                 }
             },
             {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},

@@ -1,0 +1,109 @@
+"""What a release writes: the document freed, or handed to the first waiter in line.
+
+Shared by the holder's release (and its bulk form at exit), the undoing of an
+acquisition whose outcome is unknown, and a waiter leaving the line, which gives back a
+lock handed to it meanwhile (``leases``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from django_mongolock.queries.common import (
+    ENDED,
+    ENDED_KEEP,
+    HANDOFF_LEASE_MS,
+    LIVE,
+    LIVE_WAITERS,
+    MAX_WAITERS,
+    NEW_TOKEN,
+    PLACE_GRACE_MS,
+)
+
+__all__ = ["FREED", "RELEASED_AT", "ended_with", "release_stage", "shortened"]
+
+
+# A release marks the document freed (the watcher wakes waiters on it) and shortens every
+# place in line to the grace period from now: live waiters, woken by the release, renew
+# theirs at their next attempt; a dead waiter's place then lapses within the grace
+# period instead of at the lease end it was waiting for.
+def shortened(places: Any) -> dict[str, Any]:
+    return {
+        "$map": {
+            "input": places,
+            "as": "w",
+            "in": {
+                "$mergeObjects": [
+                    "$$w",
+                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]}},
+                ]
+            },
+        }
+    }
+
+
+# ``released_at`` always changes (even two releases in one millisecond), so that the
+# change stream reports it and the watcher wakes the key's waiters on every release.
+RELEASED_AT: Final = {"$max": ["$$NOW", {"$add": [{"$ifNull": ["$released_at", "$$NOW"]}, 1]}]}
+FREED: Final = {"released_at": RELEASED_AT, "waiters": shortened(LIVE_WAITERS)}
+
+
+def ended_with(owner: Any) -> dict[str, Any]:
+    """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
+    return {"$slice": [{"$concatArrays": [[owner], ENDED]}, ENDED_KEEP]}
+
+
+def release_stage(owner_matches: Any) -> dict[str, Any]:
+    """The release stage: free the document, or hand it to the first waiter in line.
+
+    Only a live lease is released (``owner_matches`` says whether it is the caller's).
+    When the first live place in line is a plain exclusive waiter's (it carries
+    ``hand``), the same write makes that waiter the holder: a new token, its lease
+    (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
+    taken out of the line; the waiter learns it from the change stream, without a write
+    of its own. Otherwise (nobody in line, or a shared reader first) the key is freed and
+    the waiters try again, as before.
+    """
+    freed = {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "owner": None,
+                "released_at": RELEASED_AT,
+                "waiters": shortened("$$q"),
+                "expires_at": "$$NOW",
+                "ended": ended_with("$owner"),
+            },
+        ]
+    }
+    handed = {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "owner": "$$n.owner",
+                "token": NEW_TOKEN,
+                "acquired_at": "$$NOW",
+                "refreshed_at": "$$NOW",
+                "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
+                "ttl": "$$n.ttl",
+                "released_at": RELEASED_AT,
+                "waiters": shortened({"$slice": ["$$q", 1, MAX_WAITERS]}),
+                "ended": ended_with("$owner"),
+                "group": None,
+                "kind": None,
+            },
+        ]
+    }
+    handing = {"$eq": ["$$n.hand", True]}
+    decide = {
+        "$let": {
+            "vars": {"q": LIVE_WAITERS},
+            "in": {
+                "$let": {
+                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}},
+                    "in": {"$cond": [handing, handed, freed]},
+                }
+            },
+        }
+    }
+    return {"$replaceWith": {"$cond": [{"$and": [LIVE, owner_matches]}, decide, "$$ROOT"]}}
