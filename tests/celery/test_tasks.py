@@ -1,0 +1,147 @@
+"""Locked Celery tasks on two real prefork workers: never two runs of a key at once.
+
+Runs record their start and end (and the lock's token) in MongoDB; busy runs follow the
+task's ``on_busy`` policy. Runs that must stay busy wait for a gate the test opens, so that
+no outcome depends on how fast the workers are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from tests.celery.harness import FORK_WARNING, Jobs, Worker, results, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def sent_runs(jobs: Jobs, **query: Any) -> list[dict[str, Any]]:
+    with jobs.database_client() as client:
+        return list(client[jobs.database]["runs"].find(query).sort("start"))
+
+
+def open_gate(jobs: Jobs, gate: str) -> None:
+    with jobs.database_client() as client:
+        client[jobs.database]["gates"].insert_one({"_id": gate})
+
+
+def started(jobs: Jobs, key: str) -> dict[str, Any] | None:
+    found = sent_runs(jobs, key=key)
+    return found[0] if found else None
+
+
+def test_a_burst_never_runs_one_account_twice_at_once(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    accounts = [f"acct-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    sent = [
+        app.send_task("tests.celery.tasks.sync", kwargs={"account_id": account, "seconds": 0.2})
+        for _ in range(8)
+        for account in accounts
+    ]
+    outcomes = results(app, sent)
+
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    ran = [o for o in outcomes if o is not None]
+    for account in accounts:
+        done = sent_runs(jobs, key=f"sync-{account}")
+        assert done, f"no run of {account}"
+        for earlier, later in itertools.pairwise(done):
+            assert "end" in earlier, earlier
+            assert earlier["end"] <= later["start"], f"runs overlapped: {earlier} {later}"
+            assert earlier["token"] < later["token"]
+    assert len(ran) == sum(len(sent_runs(jobs, key=f"sync-{a}")) for a in accounts)
+    assert {run["hostname"].split("@")[0] for run in sent_runs(jobs)} <= {"alpha", "beta"}
+
+
+def test_skip_drops_the_runs_that_find_the_account_busy(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    account, gate = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    kwargs = {"account_id": account}
+    first = app.send_task("tests.celery.tasks.sync", kwargs={**kwargs, "gate": gate})
+    holder = wait_until("the first run to start", lambda: started(jobs, f"sync-{account}"))
+
+    busy = [app.send_task("tests.celery.tasks.sync", kwargs=kwargs) for _ in range(6)]
+    assert results(app, busy) == [None] * 6  # dropped, not failed, not queued
+    open_gate(jobs, gate)
+
+    (outcome,) = results(app, [first])
+    assert outcome["token"] == holder["token"]
+    assert len(sent_runs(jobs, key=f"sync-{account}")) == 1
+
+
+def test_raise_fails_the_busy_runs_with_lock_not_acquired(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    account, gate = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    first = app.send_task(
+        "tests.celery.tasks.sync_or_fail", kwargs={"account_id": account, "gate": gate}
+    )
+    wait_until("the first run to start", lambda: started(jobs, f"sync-{account}"))
+
+    busy = [
+        app.send_task("tests.celery.tasks.sync_or_fail", kwargs={"account_id": account})
+        for _ in range(3)
+    ]
+    failures = results(app, busy)
+    open_gate(jobs, gate)
+
+    assert [type(f).__name__ for f in failures] == ["LockNotAcquired"] * 3
+    assert all(f"sync-{account}" in str(f) for f in failures), failures
+    assert [r.state for r in busy] == ["FAILURE"] * 3
+    assert isinstance(results(app, [first])[0], dict)
+
+
+def test_the_task_reaches_its_lock_and_token(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    account = f"acct-{uuid.uuid4().hex[:8]}"
+    outcomes = []
+    for _ in range(2):  # one after the other: two holders, two tokens
+        sent = app.send_task("tests.celery.tasks.sync", kwargs={"account_id": account})
+        outcomes.extend(results(app, [sent]))
+
+    for outcome in outcomes:
+        assert outcome["key"] == f"sync-{account}"
+        # current_lock() inside the task is the lock the server records as held.
+        assert outcome["token"] == outcome["server_token"]
+        assert outcome["owner"] == outcome["server_owner"]
+        assert outcome["pid"] != outcome["ppid"]  # in a pool child, not the worker's parent
+    assert outcomes[0]["token"] < outcomes[1]["token"]
+
+
+def test_a_schedule_runs_once_per_period_on_two_workers(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    # What beat on two hosts (or two beats) does: the same period enqueued several times.
+    periods = [f"daily-{uuid.uuid4().hex[:6]}-{day}" for day in range(3)]
+    sent = {
+        period: [
+            app.send_task("tests.celery.tasks.report", kwargs={"period": period, "seconds": 0.1})
+            for _ in range(6)
+        ]
+        for period in periods
+    }
+    for period in periods:
+        outcomes = results(app, sent[period])
+        assert outcomes.count("ran") == 1, outcomes
+        assert set(outcomes) <= {"ran", "done already", None}, outcomes
+        assert len(sent_runs(jobs, key=f"report-{period}")) == 1
+
+
+def test_the_workers_logged_no_fork_warning(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    sent = [
+        app.send_task("tests.celery.tasks.sync", kwargs={"account_id": uuid.uuid4().hex})
+        for _ in range(8)
+    ]
+    assert all(isinstance(outcome, dict) for outcome in results(app, sent))
+    for worker in two_workers:
+        assert worker.process.poll() is None, worker.output()
+        assert FORK_WARNING not in worker.output()
