@@ -6,7 +6,9 @@ raises. A generator (or async generator) function holds its lock across the iter
 from the first ``next()`` until it is exhausted, closed or collected. What "busy" means
 depends on what was called: a function raises
 LockNotAcquired, a view answers 423 Locked, a management command exits with
-``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed".
+``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed". ``on_busy`` picks
+another answer: ``"skip"``, ``"wait"`` (up to ``timeout``), ``"retry"`` (a bound Celery
+task retries when the holder's lease ends), ``"coalesce"`` (the holder runs once more).
 
 ``on_lost="exit"`` stops the call when its lock is lost while it runs: the main thread
 is interrupted (as by Ctrl+C) the moment the loss is known, and a management command

@@ -155,8 +155,19 @@ class Call:
             first = False
             covered = requests.count(key)
             result = self._run_held(target, args, kwargs, lock, kind, subject)
-            requests.serve(key, covered)
-            if not requests.pending(key):
+            try:
+                requests.serve(key, covered)
+                if not requests.pending(key):
+                    return result
+            except MongoLockError:
+                # The run is done; what is left pending is served by the next run of the key.
+                logger.warning(
+                    "%s(): ran, but could not look for run requests of %r; the next run "
+                    "serves any that are pending",
+                    self.key.name,
+                    key,
+                    exc_info=True,
+                )
                 return result
             logger.debug("%s(): runs once more for a request made while it ran", self.key.name)
 

@@ -1,7 +1,7 @@
 """``on_busy="coalesce"``: a busy call leaves a request; a holder runs once more for it.
 
 Requests are kept in MongoDB, next to the locks, so that they outlive the process that
-made them and the one that holds the lock: the collection ``<locks collection>_requests``,
+made them and the one that holds the lock: the collection ``<locks collection>.requests``,
 one document per key. ``requested`` counts the requests made; ``served`` is the highest
 count a finished run has covered. A run covers the requests counted when it started (under
 the lock), so a request made while it runs stays pending, and a holder that dies mid-run
@@ -26,7 +26,7 @@ from django_mongolock.manager import LockManager
 
 __all__ = ["IDLE_EXPIRY", "REQUESTS_SUFFIX", "Requests"]
 
-REQUESTS_SUFFIX: Final = "_requests"
+REQUESTS_SUFFIX: Final = ".requests"
 # A key's document is dropped by a TTL index once nobody has asked for a run for this long:
 # a request that no holder served in a week is stale (and the next run serves it anyway).
 IDLE_EXPIRY: Final = timedelta(days=7)
