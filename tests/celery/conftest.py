@@ -16,7 +16,8 @@ from tests.celery.harness import Jobs, Worker, client_app, workers
 def jobs(mongolock_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     """The module's databases (locks, broker, results), dropped afterwards."""
     tmp: Path = tmp_path_factory.mktemp("celery")
-    jobs = Jobs(mongolock_url, f"mongolock_jobs_{uuid.uuid4().hex[:12]}", tmp)
+    # A short lease: "retry" counts down the holder's remaining lease.
+    jobs = Jobs(mongolock_url, f"mongolock_jobs_{uuid.uuid4().hex[:12]}", tmp, ttl=3.0)
     yield jobs
     jobs.drop()
 

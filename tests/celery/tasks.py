@@ -24,6 +24,13 @@ GATE_TIMEOUT = 60.0
 _F = TypeVar("_F", bound=Callable[..., Any])
 # Celery ships no type hints: the task decorator, typed for the checker.
 bound_task: Callable[[_F], _F] = app.task(bind=True)
+
+
+def typed_task(**options: Any) -> Callable[[_F], _F]:
+    decorate: Callable[[_F], _F] = app.task(**options)
+    return decorate
+
+
 _clients: dict[int, MongoClient[dict[str, Any]]] = {}
 
 
@@ -91,6 +98,7 @@ def record_run(task: Task[Any, Any], seconds: float, gate: str | None) -> dict[s
         "ppid": os.getppid(),
         "held_for": ended - started,
         "ttl": lock.ttl,
+        "retries": task.request.retries,
     }
 
 
@@ -131,3 +139,23 @@ def report(self: Task[Any, Any], period: str, seconds: float = 0.0) -> str:
 def hold(self: Task[Any, Any], name: str, seconds: float, gate: str | None = None) -> Any:
     """Hold ``hold-<name>`` for ``seconds`` (longer than the lease: it must be refreshed)."""
     return record_run(self, seconds, gate)
+
+
+@typed_task(bind=True, max_retries=30)
+@locked("sync-{account_id}", on_busy="retry")
+def sync_later(
+    self: Task[Any, Any], account_id: str, seconds: float = 0.0, gate: str | None = None
+) -> Any:
+    """As ``sync``, but a busy run is retried when the holder's lease should be over."""
+    return record_run(self, seconds, gate)
+
+
+@bound_task
+@locked("rebuild-{index}", on_busy="coalesce")
+def rebuild(self: Task[Any, Any], index: str, gate: str | None = None) -> Any:
+    """Rebuild an index: requests made while a rebuild runs make one more run, not many."""
+    # Only the first run waits for the gate: the extra run of the same call must not.
+    first = database()["gates"].find_one_and_update(
+        {"_id": f"first-{index}"}, {"$setOnInsert": {"at": time.time()}}, upsert=True
+    )
+    return record_run(self, 0.0, gate if first is None else None)

@@ -97,6 +97,48 @@ def test_raise_fails_the_busy_runs_with_lock_not_acquired(
     assert isinstance(results(app, [first])[0], dict)
 
 
+def test_retry_runs_the_busy_task_once_the_holder_is_done(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    account, gate = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    first = app.send_task("tests.celery.tasks.sync", kwargs={"account_id": account, "gate": gate})
+    holder = wait_until("the first run to start", lambda: started(jobs, f"sync-{account}"))
+
+    later = app.send_task("tests.celery.tasks.sync_later", kwargs={"account_id": account})
+    wait_until("the busy task to be retried", lambda: later.state == "RETRY")
+    assert sent_runs(jobs, key=f"sync-{account}") == [holder]  # not run while busy
+    open_gate(jobs, gate)
+
+    held, retried = results(app, [first, later])
+    assert retried["retries"] >= 1, retried
+    assert retried["token"] > held["token"]
+    done = sent_runs(jobs, key=f"sync-{account}")
+    assert [run["task"] for run in done] == [
+        "tests.celery.tasks.sync",
+        "tests.celery.tasks.sync_later",
+    ]
+    assert done[0]["end"] <= done[1]["start"]
+
+
+def test_coalesce_makes_one_more_run_for_many_requests(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    index, gate = f"idx-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    first = app.send_task("tests.celery.tasks.rebuild", kwargs={"index": index, "gate": gate})
+    wait_until("the first run to start", lambda: started(jobs, f"rebuild-{index}"))
+
+    busy = [app.send_task("tests.celery.tasks.rebuild", kwargs={"index": index}) for _ in range(6)]
+    assert results(app, busy) == [None] * 6  # recorded, answered at once
+    open_gate(jobs, gate)
+
+    assert isinstance(results(app, [first])[0], dict)
+    done = sent_runs(jobs, key=f"rebuild-{index}")
+    assert len(done) == 2, done  # the holder's run and one more, not seven
+    assert done[0]["end"] <= done[1]["start"]
+    assert done[0]["token"] < done[1]["token"]
+    assert done[0]["task_id"] == done[1]["task_id"] == first.id
+
+
 def test_the_task_reaches_its_lock_and_token(
     jobs: Jobs, two_workers: list[Worker], app: Celery
 ) -> None:
