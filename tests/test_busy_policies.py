@@ -229,6 +229,62 @@ def test_coalesce_runs_once_more_however_many_requests(
     assert manager.status("rebuild") is None
 
 
+def test_coalesce_under_contention_never_strands_a_request(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """Threads with managers of their own call at random: runs never overlap, and every
+    call that returned without running is followed by a run that started after it began."""
+    spans: list[tuple[float, float]] = []
+    coalesced: list[float] = []
+    overlaps: list[float] = []
+    running = threading.Lock()
+    managers = [
+        LockManager(mongolock_url, database=manager.database, collection=manager.collection)
+        for _ in range(4)
+    ]
+
+    def caller(own: LockManager, seed: int) -> None:
+        import random
+
+        pick = random.Random(seed)
+
+        @locked("contended", on_busy="coalesce", manager=own)
+        def work() -> str:
+            if not running.acquire(blocking=False):
+                overlaps.append(time.monotonic())
+                return "overlapped"
+            start = time.monotonic()
+            time.sleep(pick.uniform(0.005, 0.03))
+            spans.append((start, time.monotonic()))
+            running.release()
+            return "ran"
+
+        for _ in range(15):
+            began = time.monotonic()
+            if work() is None:
+                coalesced.append(began)
+            time.sleep(pick.uniform(0, 0.02))
+
+    try:
+        threads = [
+            threading.Thread(target=caller, args=(own, seed)) for seed, own in enumerate(managers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+    finally:
+        for own in managers:
+            own.close()
+    assert overlaps == [], "two runs at once"
+    assert coalesced, "no call found the lock busy: the test proved nothing"
+    starts = sorted(start for start, _ in spans)
+    for began in coalesced:
+        assert starts[-1] > began, "a request made while busy was never served"
+    assert not Requests(manager).pending("contended")
+
+
 def test_coalesce_without_requests_runs_once(manager: LockManager) -> None:
     runs: list[int] = []
 
