@@ -19,7 +19,7 @@ from celery.exceptions import Retry
 from django.core.management.base import BaseCommand
 from pymongo import MongoClient
 
-from django_mongolock import LockManager, LockNotAcquired, current_lock, locked
+from django_mongolock import LockManager, LockNotAcquired, MongoLockError, current_lock, locked
 from django_mongolock.decorating.coalesce import REQUESTS_SUFFIX, Requests
 from tests import coalesce_worker
 
@@ -314,6 +314,19 @@ def test_a_coalescing_command_says_so_in_one_line(manager: LockManager, other: L
     assert line.startswith(f"nightly: not run now; lock 'nightly' is held by {holder.owner}")
     assert line.endswith("; it runs once more after.\n")
     assert Requests(other).pending("nightly")
+
+
+def test_a_coalescing_commands_own_error_is_not_turned_into_exit_2(
+    manager: LockManager,
+) -> None:
+    @locked("nightly", on_busy="coalesce", manager=manager)
+    class Command(BaseCommand):
+        def handle(self, *args: Any, **options: Any) -> None:
+            raise MongoLockError("the command's own")
+
+    with pytest.raises(MongoLockError, match="the command's own"):
+        Command().execute(verbosity=1, no_color=True, force_color=False, skip_checks=True)
+    assert manager.status("nightly") is None
 
 
 def test_coalesce_on_a_view_is_a_type_error(manager: LockManager) -> None:

@@ -7,10 +7,11 @@ lives on the stack, so a decorated function may run in many threads at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterable, Callable, Generator
+from collections.abc import AsyncIterable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
@@ -99,7 +100,7 @@ class Call:
                     f"on_busy='coalesce' is for functions, tasks and management commands, "
                     f"not views ({self.key.name}): a request cannot be answered by another's run"
                 )
-            return self._server_errors(kind, self._run_coalescing, target, args, kwargs, key)
+            return self._run_coalescing(target, args, kwargs, key)
         try:
             manager = self._manager()
             lock = manager.acquire(key, **self._acquire_options())
@@ -114,11 +115,13 @@ class Call:
             raise CommandError(str(error), returncode=EXIT_ERROR) from error
         return self._run_held(target, args, kwargs, lock, kind, subject)
 
-    def _server_errors(self, kind: Kind, work: Callable[..., Any], *args: Any) -> Any:
-        """``work(*args)``; in a command, a server or settings problem exits 2, as
-        ``mongolock`` does: it is not "busy"."""
+    @staticmethod
+    @contextlib.contextmanager
+    def _server_problems(kind: Kind) -> Iterator[None]:
+        """In a command, a server or settings problem of the lock's own work (not of the
+        command's) exits 2, as ``mongolock`` does: it is not "busy"."""
         try:
-            return work(*args)
+            yield
         except LockNotAcquired:
             raise
         except MongoLockError as error:
@@ -137,23 +140,29 @@ class Call:
     ) -> Any:
         """Run, then run again while requests came in during the run (see ``coalesce``)."""
         kind, subject = call_kind(args)
-        manager = self._manager()
-        requests = Requests(manager)
+        with self._server_problems(kind):
+            manager = self._manager()
+            requests = Requests(manager)
         result: Any = None
         first = True
         while True:
-            try:
-                lock = manager.acquire(key, **self._acquire_options())
-            except LockNotAcquired:
-                if not first:
-                    return result  # the holder now finds the pending request when done
-                requests.add(key)
-                try:  # the holder may have looked for requests and released meanwhile
+            with self._server_problems(kind):
+                try:
                     lock = manager.acquire(key, **self._acquire_options())
-                except LockNotAcquired as again:
-                    return self._coalesced(manager, again, kind, subject, kwargs)
-            first = False
-            covered = requests.count(key)
+                except LockNotAcquired:
+                    if not first:
+                        return result  # the holder now finds the pending request when done
+                    requests.add(key)
+                    try:  # the holder may have looked for requests and released meanwhile
+                        lock = manager.acquire(key, **self._acquire_options())
+                    except LockNotAcquired as again:
+                        return self._coalesced(manager, again, kind, subject, kwargs)
+                first = False
+                try:
+                    covered = requests.count(key)
+                except BaseException:
+                    release(lock, self.key.name)
+                    raise
             result = self._run_held(target, args, kwargs, lock, kind, subject)
             try:
                 requests.serve(key, covered)
