@@ -83,6 +83,39 @@ def test_wait_in_a_command_exits_75_after_the_timeout(
     assert "not run; lock 'wait-cmd' is held by" in str(caught.value)
 
 
+def test_wait_in_a_coroutine_function(manager: LockManager, other: LockManager) -> None:
+    import asyncio
+
+    @locked("wait-k", on_busy="wait", timeout=20, manager=manager)
+    async def work() -> int:
+        lock = current_lock()
+        assert lock is not None
+        return lock.token
+
+    holder = other.acquire("wait-k", ttl=30, blocking=False)
+    released = threading.Timer(0.3, holder.release)
+    released.start()
+    token = asyncio.run(work())
+    released.join()
+    assert token > holder.token
+
+
+def test_wait_in_a_view_answers_423_after_the_timeout(
+    manager: LockManager, other: LockManager
+) -> None:
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    @locked("invoice-{pk}", on_busy="wait", timeout=0.2, manager=manager)
+    def view(request: Any, pk: int) -> HttpResponse:
+        return HttpResponse("rendered")
+
+    with other.lock("invoice-3", ttl=30):
+        response = view(RequestFactory().get("/"), pk=3)
+    assert response.status_code == 423
+    assert view(RequestFactory().get("/"), pk=3).content == b"rendered"
+
+
 @pytest.mark.parametrize(
     ("options", "error", "text"),
     [
