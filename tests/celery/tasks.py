@@ -159,3 +159,15 @@ def rebuild(self: Task[Any, Any], index: str, gate: str | None = None) -> Any:
         {"_id": f"first-{index}"}, {"$setOnInsert": {"at": time.time()}}, upsert=True
     )
     return record_run(self, 0.0, gate if first is None else None)
+
+
+@bound_task
+@locked("stoppable-{name}", on_lost="exit")
+def stoppable(self: Task[Any, Any], name: str, seconds: float) -> str:
+    """A long run that ``on_lost="exit"`` stops when its lock is lost."""
+    lock = current_lock()
+    assert lock is not None
+    run_id = runs().insert_one({"key": lock.key, "token": lock.token, "pid": os.getpid()})
+    time.sleep(seconds)
+    runs().update_one({"_id": run_id.inserted_id}, {"$set": {"slept": True}})
+    return "finished"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from django_mongolock import LockManager
 from tests.celery.harness import FORK_WARNING, Jobs, Worker, results, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,7 +56,8 @@ def test_a_burst_never_runs_one_account_twice_at_once(
             assert earlier["end"] <= later["start"], f"runs overlapped: {earlier} {later}"
             assert earlier["token"] < later["token"]
     assert len(ran) == sum(len(sent_runs(jobs, key=f"sync-{a}")) for a in accounts)
-    assert {run["hostname"].split("@")[0] for run in sent_runs(jobs)} <= {"alpha", "beta"}
+    burst = [run for a in accounts for run in sent_runs(jobs, key=f"sync-{a}")]
+    assert {run["hostname"].split("@")[0] for run in burst} <= {"alpha", "beta"}
 
 
 def test_skip_drops_the_runs_that_find_the_account_busy(
@@ -137,6 +139,30 @@ def test_coalesce_makes_one_more_run_for_many_requests(
     assert done[0]["end"] <= done[1]["start"]
     assert done[0]["token"] < done[1]["token"]
     assert done[0]["task_id"] == done[1]["task_id"] == first.id
+
+
+def test_on_lost_exit_stops_the_task_when_its_lock_is_lost(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    name = uuid.uuid4().hex[:8]
+    sent = app.send_task("tests.celery.tasks.stoppable", kwargs={"name": name, "seconds": 40})
+    run = wait_until("the run to start", lambda: started(jobs, f"stoppable-{name}"))
+    manager = LockManager(jobs.url, database=jobs.database)
+    try:
+        assert manager.force_release(f"stoppable-{name}", reason="test") is not None
+    finally:
+        manager.close()
+
+    (error,) = results(app, [sent])
+    # LockLost does not survive pickling (its __init__ takes more than the message), so
+    # Celery records it as its nearest base that does: MongoLockError, with its message.
+    assert type(error).__name__ in {"LockLost", "MongoLockError"}, error
+    assert f"lock 'stoppable-{name}'" in str(error)
+    assert "is lost" in str(error)
+    assert "slept" not in sent_runs(jobs, _id=run["_id"])[0]  # cut short, not run to the end
+    # The pool child survived the stop and takes the next task.
+    again = app.send_task("tests.celery.tasks.stoppable", kwargs={"name": name, "seconds": 0})
+    assert results(app, [again]) == ["finished"]
 
 
 def test_the_task_reaches_its_lock_and_token(
