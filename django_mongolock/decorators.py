@@ -108,6 +108,11 @@ def locked(
                 f"on_busy={on_busy!r} runs plain (sync) functions, tasks and commands; "
                 f"{target!r:.80} is a coroutine or generator function"
             )
+        if on_busy == "retry" and not _takes_an_argument(target):
+            raise TypeError(
+                f"on_busy='retry' needs a bound task: {target!r:.80} takes no argument for "
+                "the task (decorate with @app.task(bind=True) above @locked and take self)"
+            )
         if on_lost == "exit" and (
             iscoroutinefunction(target)
             or inspect.isgeneratorfunction(target)
@@ -121,6 +126,20 @@ def locked(
         return cast(_F, _wrap(target, Call(template, **options)))
 
     return decorate
+
+
+def _takes_an_argument(target: Callable[..., Any]) -> bool:
+    """Whether ``target`` can be passed a first positional argument (the bound task)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: judged at the call
+        return True
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
+    return any(parameter.kind in positional for parameter in parameters)
 
 
 def _is_manager(value: object) -> bool:

@@ -205,6 +205,11 @@ def test_retry_outside_a_bound_task_is_a_type_error(manager: LockManager) -> Non
     with pytest.raises(TypeError, match=r"bound task .*sync_account\(\).*got int 7"):
         sync_account(7)
 
+    def no_arguments() -> None: ...
+
+    with pytest.raises(TypeError, match="takes no argument for the task"):
+        locked("k", on_busy="retry")(no_arguments)
+
 
 def test_retry_and_coalesce_refuse_what_cannot_run_again() -> None:
     async def coroutine() -> None: ...
