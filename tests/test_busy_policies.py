@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand
 from pymongo import MongoClient
 
 from django_mongolock import LockManager, LockNotAcquired, MongoLockError, current_lock, locked
-from django_mongolock.decorating.coalesce import REQUESTS_SUFFIX, Requests
+from django_mongolock.decorating.coalesce import REQUESTS_SUFFIX, TTL_INDEX, Requests
 from tests import coalesce_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -470,7 +470,7 @@ def test_requests_live_in_a_side_collection_with_a_ttl(
         ttl = [
             index
             for index in collection.list_indexes()
-            if index.get("expireAfterSeconds") == 0 and "expires_at" in index["key"]
+            if index.get("expireAfterSeconds") == 0 and index["name"] == TTL_INDEX
         ]
         assert len(ttl) == 1
     finally:

@@ -15,18 +15,24 @@ started after it (and covers it) or finds it when done.
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from pymongo.collection import Collection
+from pymongo.errors import OperationFailure
 
 from django_mongolock import mongo
 from django_mongolock.manager import LockManager
 
-__all__ = ["IDLE_EXPIRY", "REQUESTS_SUFFIX", "Requests"]
+__all__ = ["IDLE_EXPIRY", "REQUESTS_SUFFIX", "TTL_INDEX", "Requests"]
+
+logger = logging.getLogger("django_mongolock.decorators")
 
 REQUESTS_SUFFIX: Final = ".requests"
+TTL_INDEX: Final = "expires_at_ttl"
+_UNAUTHORIZED: Final = 13
 # A key's document is dropped by a TTL index once nobody has asked for a run for this long:
 # a request that no holder served in a week is stale (and the next run serves it anyway).
 IDLE_EXPIRY: Final = timedelta(days=7)
@@ -48,13 +54,28 @@ class Requests:
         self._ensure_index(manager)
 
     def _ensure_index(self, manager: LockManager) -> None:
-        """The TTL index, created once per client and collection (idempotent anyway)."""
+        """The TTL index, created once per client and collection (idempotent anyway).
+
+        A user that may not create indexes still gets its requests kept and served; only
+        the clean-up of idle keys' documents is missing, which is logged once.
+        """
         marker = (id(manager.client), manager.database, self._collection.name)
         with _indexed_mutex:
             if marker in _indexed:
                 return
         with self._translate:
-            self._collection.create_index("expires_at", expireAfterSeconds=0)
+            try:
+                self._collection.create_index("expires_at", expireAfterSeconds=0, name=TTL_INDEX)
+            except OperationFailure as exc:
+                if exc.code != _UNAUTHORIZED:
+                    raise
+                logger.warning(
+                    "cannot create the TTL index %r of %s.%s (not authorized): run requests "
+                    "of idle keys are not cleaned up",
+                    TTL_INDEX,
+                    manager.database,
+                    self._collection.name,
+                )
         with _indexed_mutex:
             _indexed.add(marker)
 
