@@ -33,6 +33,7 @@ app.conf.update(
     broker_transport_options=TRANSPORT_OPTIONS,
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
+    task_track_started=True,
     task_serializer="json",
     result_serializer="json",
 )

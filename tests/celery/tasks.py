@@ -151,6 +151,15 @@ def sync_later(
 
 
 @bound_task
+@locked("sync-{account_id}", on_busy="wait", timeout=GATE_TIMEOUT)
+def sync_waiting(
+    self: Task[Any, Any], account_id: str, seconds: float = 0.0, gate: str | None = None
+) -> Any:
+    """As ``sync``, but a busy run waits in the worker for the lock."""
+    return record_run(self, seconds, gate)
+
+
+@bound_task
 @locked("rebuild-{index}", on_busy="coalesce")
 def rebuild(self: Task[Any, Any], index: str, gate: str | None = None) -> Any:
     """Rebuild an index: requests made while a rebuild runs make one more run, not many."""

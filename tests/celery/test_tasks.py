@@ -122,6 +122,26 @@ def test_retry_runs_the_busy_task_once_the_holder_is_done(
     assert done[0]["end"] <= done[1]["start"]
 
 
+def test_wait_runs_the_busy_task_in_the_worker_after_the_holder(
+    jobs: Jobs, two_workers: list[Worker], app: Celery
+) -> None:
+    account, gate = f"acct-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    first = app.send_task("tests.celery.tasks.sync", kwargs={"account_id": account, "gate": gate})
+    holder = wait_until("the first run to start", lambda: started(jobs, f"sync-{account}"))
+
+    waiting = app.send_task("tests.celery.tasks.sync_waiting", kwargs={"account_id": account})
+    wait_until("the busy task to start waiting", lambda: waiting.state == "STARTED")
+    assert sent_runs(jobs, key=f"sync-{account}") == [holder]  # waiting, not running
+    open_gate(jobs, gate)
+
+    held, waited = results(app, [first, waiting])
+    assert waited["retries"] == 0
+    assert waited["token"] > held["token"]
+    done = sent_runs(jobs, key=f"sync-{account}")
+    assert [run["task_id"] for run in done] == [first.id, waiting.id]
+    assert done[0]["end"] <= done[1]["start"]
+
+
 def test_coalesce_makes_one_more_run_for_many_requests(
     jobs: Jobs, two_workers: list[Worker], app: Celery
 ) -> None:
