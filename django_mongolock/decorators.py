@@ -76,7 +76,10 @@ def locked(
             "on_busy must be None, 'raise', 'skip', 'wait', 'retry', 'coalesce' or a "
             f"callable, not {on_busy!r:.80}"
         )
-    validate_timeout(timeout, blocking=blocking or on_busy == "wait")
+    # "wait" blocks without blocking=True; any other blocking value is checked as given.
+    validate_timeout(
+        timeout, blocking=True if on_busy == "wait" and blocking is False else blocking
+    )
     if manager is not None and not _is_manager(manager):
         raise TypeError(f"manager must be a LockManager, not {type(manager).__name__}")
     if on_lost is not None and on_lost != "exit" and not callable(on_lost):

@@ -122,6 +122,8 @@ def test_wait_in_a_view_answers_423_after_the_timeout(
         ({"on_busy": "later"}, ValueError, "'later'"),
         ({"on_busy": "wait", "timeout": -1}, ValueError, "-1"),
         ({"on_busy": "wait", "timeout": "5"}, TypeError, "'5'"),
+        ({"on_busy": "wait", "blocking": None}, TypeError, "blocking must be True or False"),
+        ({"on_busy": "skip", "blocking": 0}, TypeError, "blocking must be True or False, not 0"),
     ],
 )
 def test_bad_policies_are_refused_naming_the_value(
