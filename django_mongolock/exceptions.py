@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 __all__ = [
     "ConfigurationError",
@@ -21,6 +22,19 @@ __all__ = [
 
 class MongoLockError(Exception):
     """Base class of every django-mongolock error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the message and attributes, not by calling __init__ again (whose
+        # arguments differ per class): an error crosses processes whole, as Celery's
+        # results and multiprocessing pools pass it.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[MongoLockError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class LockNotAcquired(MongoLockError):

@@ -174,8 +174,9 @@ def test_on_lost_exit_stops_the_task_when_its_lock_is_lost(
         manager.close()
 
     (error,) = results(app, [sent])
-    # LockLost does not survive pickling (its __init__ takes more than the message), so
-    # Celery records it as its nearest base that does: MongoLockError, with its message.
+    # Celery's JSON results keep an error's class name and message only; LockLost cannot be
+    # built from its message alone, so Celery answers its nearest base that can, with the
+    # message (with the pickle serializer, the LockLost itself comes back).
     assert type(error).__name__ in {"LockLost", "MongoLockError"}, error
     assert f"lock 'stoppable-{name}'" in str(error)
     assert "is lost" in str(error)

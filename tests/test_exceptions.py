@@ -1,0 +1,45 @@
+"""Errors cross processes whole: Celery results and process pools pickle them."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime
+
+import pytest
+
+from django_mongolock.exceptions import (
+    ConfigurationError,
+    FenceKeyConflict,
+    LimitConflict,
+    LineFull,
+    LockLost,
+    LockNotAcquired,
+    MongoLockError,
+    ReplicaSetRequired,
+    ServerUnavailable,
+    StaleTokenError,
+)
+
+ERRORS = [
+    MongoLockError("plain"),
+    ConfigurationError("bad settings"),
+    LockNotAcquired("k", "web-1:42:7", datetime(2026, 1, 2, tzinfo=UTC), waited=1.5, waiting=3),
+    LineFull("k", 1000, "waiters"),
+    LimitConflict("k", 3, 4),
+    LockLost("k", "web-1:42:7", 17, "it was force-released"),
+    StaleTokenError("k", "web-1:42:7", 17, 18),
+    FenceKeyConflict("k", 17, "other", 5),
+    ReplicaSetRequired(["db1:27017"]),
+    ServerUnavailable(["db1:27017"], 5.0, "timed out"),
+]
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_an_error_survives_pickling_with_its_class_message_and_attributes(
+    error: MongoLockError,
+) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert copy.args == error.args
+    assert vars(copy) == vars(error)
