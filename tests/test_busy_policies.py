@@ -20,7 +20,8 @@ from django.core.management.base import BaseCommand
 from pymongo import MongoClient
 
 from django_mongolock import LockManager, LockNotAcquired, MongoLockError, current_lock, locked
-from django_mongolock.decorating.coalesce import REQUESTS_SUFFIX, TTL_INDEX, Requests
+from django_mongolock.decorating.coalesce import Requests
+from django_mongolock.queries.requests import REQUESTS_TTL_INDEX as TTL_INDEX
 from tests import coalesce_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -465,7 +466,7 @@ def test_requests_live_in_a_side_collection_with_a_ttl(
     requests.add("k")
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
-        collection = client[manager.database][manager.collection + REQUESTS_SUFFIX]
+        collection = client[manager.database][manager.collection + ".requests"]
         document = collection.find_one({"_id": "k"})
         assert document is not None
         assert document["requested"] == 1

@@ -43,7 +43,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("created") == 5
+    assert out.count("created") == 6
     indexes = _indexes()
     assert indexes[KEY_INDEX]["unique"] is True
     assert indexes[KEY_INDEX]["key"] == [("key", 1)]
@@ -51,7 +51,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("unchanged") == 5
+    assert out.count("unchanged") == 6
     assert "created" not in out
     assert run_command("migrate_mongolock", "--check")[2] == 0
 
@@ -104,6 +104,7 @@ def test_heartbeat_and_audit_indexes(mongolock_settings: dict[str, Any]) -> None
     assert _row(out, ".processes: TTL index on alive_until (expireAfterSeconds=600)") == ("created")
     assert _row(out, ".audit: TTL index on at (expireAfterSeconds=600)") == "created"
     assert _row(out, ".audit: index on key, at") == "created"
+    assert _row(out, ".requests: TTL index on expires_at (expireAfterSeconds=0)") == "created"
     assert _side_ttls() == (600, 600)
     assert locks.store.audit.index_information()[AUDIT_KEY_INDEX]["key"] == [
         ("key", 1),
@@ -129,7 +130,7 @@ def test_audit_retention_of_its_own(
     assert _side_ttls() == (600, 86400 * 90)
     assert locks.store.audit.count_documents({}) == 1  # updated in place: records kept
     out, _, code = run_command("migrate_mongolock")
-    assert (code, out.count("unchanged")) == (0, 5)
+    assert (code, out.count("unchanged")) == (0, 6)
 
 
 def test_audit_retention_is_checked(
