@@ -43,6 +43,11 @@ class Source(LockBackend, Protocol):
     @property
     def watcher(self) -> Watcher: ...
 
+    def _resolved(self) -> Source:
+        """The manager that does the work: the lazy default manager names the one its
+        settings describe now, so that a lock is tied to it and not to the proxy."""
+        ...
+
 
 def acquire(
     source: Source,
@@ -55,6 +60,7 @@ def acquire(
 ) -> Lock:
     """Take the lock (waiting up to ``wait``); ``announcing=False`` leaves ``lock_acquired``
     to the caller (an election sends it from its own worker, not the refresher's)."""
+    source = source._resolved()
     store = source.store
     if wait == 0:
         sent_at = clock.now()
@@ -88,7 +94,7 @@ def acquire(
             raise busy(mine)
         mine = confirmed
     lock = _handle(source, mine, sent_at, keep, on_lost)
-    return announce(source, lock) if announcing else lock
+    return announce(lock) if announcing else lock
 
 
 def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple[float, LockInfo]:
@@ -122,6 +128,7 @@ async def aacquire(
     on_lost: Callable[[Lock], object] | None,
 ) -> Lock:
     """``acquire`` for coroutines: the same plan, sleeping on an asyncio event."""
+    source = source._resolved()
     store = await source.astore()
     if wait == 0:
         sent_at = clock.now()
@@ -153,7 +160,7 @@ async def aacquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    return await aannounce(source, _handle(source, mine, sent_at, keep, on_lost))
+    return await aannounce(_handle(source, mine, sent_at, keep, on_lost))
 
 
 async def _await(
@@ -216,7 +223,7 @@ def _abandon(store: LockStore, request: Request) -> None:
             store.leave_queue(request.key, request.owner)
 
 
-def announce(source: object, lock: Lock) -> Lock:
+def announce(lock: Lock) -> Lock:
     """Send ``lock_acquired``; if a receiver fails, release the lock and raise its error.
 
     Every receiver runs (``send_robust``), so each one that is told of the
@@ -224,7 +231,7 @@ def announce(source: object, lock: Lock) -> Lock:
     the key must not stay taken by nobody's handle until its lease ends.
     """
     try:
-        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+        failed = _failure(lock_acquired.send_robust(sender=lock.backend, lock=lock))
     except BaseException:  # sys.exit() or KeyboardInterrupt in a receiver
         _give_back_quietly(lock)
         raise
@@ -234,10 +241,10 @@ def announce(source: object, lock: Lock) -> Lock:
     return lock
 
 
-async def aannounce(source: object, lock: Lock) -> Lock:
+async def aannounce(lock: Lock) -> Lock:
     """``announce`` for coroutines: the release goes through the async client."""
     try:
-        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+        failed = _failure(lock_acquired.send_robust(sender=lock.backend, lock=lock))
     except BaseException:
         await _agive_back_quietly(lock)
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,19 @@ from django.test import override_settings
 from pytest_django.fixtures import Settings as SettingsWrapper
 
 import django_mongolock
-from django_mongolock import ConfigurationError, LockManager, Semaphore, conf, locked, locks
+from django_mongolock import (
+    ConfigurationError,
+    Election,
+    LockGroup,
+    LockManager,
+    Semaphore,
+    conf,
+    locked,
+    locks,
+)
 from django_mongolock.checks import check_server, check_settings
+from django_mongolock.refresher import get_refresher
+from django_mongolock.signals import lock_acquired
 
 
 def _ids(messages: list[checks.CheckMessage]) -> list[str]:
@@ -272,3 +284,35 @@ def test_default_manager_attributes_come_from_settings(mongolock_settings: dict[
     with pytest.raises(AttributeError, match=r"settings\.MONGOLOCK"):
         locks.ttl = 3
     assert locks.ttl == 30.0
+
+
+def test_recipes_given_the_default_manager_hold_locks_of_the_real_one(
+    mongolock_settings: dict[str, Any],
+) -> None:
+    """A group, a semaphore or an election built on the lazy ``locks`` takes locks of the
+    manager the settings describe: that manager sends their signals, refreshes and
+    releases them, as for ``locks.acquire``."""
+    real = conf.get_manager()
+    senders: list[object] = []
+
+    def acquired(sender: object, **named: Any) -> None:
+        senders.append(sender)
+
+    lock_acquired.connect(acquired)
+    election = Election(locks, "lazy-leader", ttl=10)
+    try:
+        with LockGroup.acquire(locks, ["lazy-a", "lazy-b"], ttl=10) as group:
+            assert all(lock.backend is real for lock in group.locks.values())
+        with Semaphore(locks, "lazy-pool", 2).acquire() as slot:
+            assert slot.backend is real
+        election.start()
+        deadline = time.monotonic() + 10
+        while not election.is_leader and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert election.is_leader
+        assert get_refresher().lane_of(real) is not None
+        assert get_refresher().lane_of(locks) is None  # no second lane for the proxy
+    finally:
+        election.stop()
+        lock_acquired.disconnect(acquired)
+    assert senders == [real] * 4  # two group locks, the slot, the term
