@@ -1,4 +1,4 @@
-"""Errors cross processes whole: Celery results and process pools pickle them."""
+"""Errors cross processes whole: process pools pickle them, Celery stores their args."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import pickle
 from datetime import UTC, datetime
 
 import pytest
+from celery import Celery
+from celery.backends.base import Backend
+from kombu.utils.json import dumps, loads
 
 from django_mongolock.exceptions import (
     ConfigurationError,
@@ -43,3 +46,20 @@ def test_an_error_survives_pickling_with_its_class_message_and_attributes(
     assert str(copy) == str(error)
     assert copy.args == error.args
     assert vars(copy) == vars(error)
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_an_error_is_rebuilt_from_its_args(error: MongoLockError) -> None:
+    copy = type(error)(*error.args)
+    assert str(copy) == str(error)
+    assert vars(copy) == vars(error)
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_celery_json_results_bring_an_error_back_whole(error: MongoLockError) -> None:
+    """Celery's JSON result keeps an error's class and args; it rebuilds it as ``cls(*args)``."""
+    backend = Backend(Celery(set_as_current=False), serializer="json")
+    stored = backend.prepare_exception(error)
+    copy = backend.exception_to_python(loads(dumps(stored)))  # kombu's JSON, as stored
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from django_mongolock import LockManager
+from django_mongolock import LockLost, LockManager
 from tests.celery.harness import FORK_WARNING, Jobs, Worker, results, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -174,10 +174,9 @@ def test_on_lost_exit_stops_the_task_when_its_lock_is_lost(
         manager.close()
 
     (error,) = results(app, [sent])
-    # Celery's JSON results keep an error's class name and message only; LockLost cannot be
-    # built from its message alone, so Celery answers its nearest base that can, with the
-    # message (with the pickle serializer, the LockLost itself comes back).
-    assert type(error).__name__ in {"LockLost", "MongoLockError"}, error
+    # Celery's JSON result keeps the error's class and args, and rebuilds it from them.
+    assert type(error) is LockLost, error
+    assert error.key == f"stoppable-{name}"
     assert f"lock 'stoppable-{name}'" in str(error)
     assert "is lost" in str(error)
     assert "slept" not in sent_runs(jobs, _id=run["_id"])[0]  # cut short, not run to the end
