@@ -28,7 +28,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from django.views.generic import RedirectView
 
+from django_mongolock import stats
 from django_mongolock.conf import get_manager
+from django_mongolock.contention import contention_context, key_context
 from django_mongolock.dashboard import (
     ListParams,
     LockList,
@@ -55,6 +57,10 @@ from django_mongolock.validation import validate_key
 __all__ = ["LockAdmin"]
 
 logger = logging.getLogger("django_mongolock.admin")
+
+# The contention view counts what this process's locks see: record it in every process
+# that loads the admin (workers included, through admin autodiscovery). No I/O, no thread.
+stats.install()
 
 _MISSING: Final = gettext_noop(
     "The lock “%(key)s” does not exist: it was released, or purged after it expired."
@@ -86,6 +92,9 @@ class LockAdmin(_ModelAdmin):
     audit_entries = 50
     """How many force releases of a key its page shows (newest first)."""
     unavailable_template = "admin/django_mongolock/lock/unavailable.html"
+    contention_template = "admin/django_mongolock/lock/contention.html"
+    contention_keys = 10
+    """How many of the busiest keys the contention view shows."""
     actions = None
     health_check_interval = 30.0
     """Seconds a passed check of the server (a replica set, every index in place) is trusted
@@ -124,6 +133,7 @@ class LockAdmin(_ModelAdmin):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             path("", self._wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("contention/", self._wrap(self.contention_view), name=f"{prefix}_contention"),
             path(
                 "<path:object_id>/release/", self._wrap(self.release_view), name=f"{prefix}_release"
             ),
@@ -247,6 +257,23 @@ class LockAdmin(_ModelAdmin):
             request, selection, cancel_url=request.get_full_path(), bulk=True
         )
 
+    def contention_view(self, request: HttpRequest) -> HttpResponse:
+        """The last hour: charts and a table of acquisitions, waits and losses, the busiest
+        keys, and the longest lines of waiters now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = self._context(
+            request,
+            title=_("Lock contention"),
+            changelist_url=self._changelist_url(),
+            **contention_context(
+                self.get_manager(),
+                url=lambda key: self._lock_url("change", key),
+                limit=self.contention_keys,
+            ),
+        )
+        return self._render(request, self.contention_template, context)
+
     # -- one lock -------------------------------------------------------------------------------
 
     def change_view(
@@ -276,6 +303,7 @@ class LockAdmin(_ModelAdmin):
                 info=None,
                 audit=audit_rows(audit, None),
                 changelist_url=changelist_url,
+                **key_context(manager, key, audit),
             )
             return self._render(request, self.change_form_template, context)
         row = self._row(info, preserved=preserved)
@@ -292,6 +320,7 @@ class LockAdmin(_ModelAdmin):
             **detail_context(info, audit, retention=manager.retention),
             history=history,
             changelist_url=changelist_url,
+            **key_context(manager, key, audit),
             **(extra_context or {}),
         )
         return self._render(request, self.change_form_template, context)
