@@ -402,12 +402,13 @@ def _held_for(lock: Held) -> float | None:
 
 
 def tick(source: object, started: float, lag: float, leases: int, every: float, ok: bool) -> None:
-    """A lane's tick ended: log one that started more than an interval late."""
+    """A lane's tick ended: log one that started more than half an interval late (its
+    leases last three intervals: half of one late is the first sign of a stalled lane)."""
     if ok:
         _failing.discard(id(source))
     else:
         _failing.add(id(source))
-    if lag > every:
+    if lag > every / 2:
         tick_logger.warning(
             "the lock refresher is %.3fs behind its schedule (%d lease(s), every %.3fs)",
             lag,
