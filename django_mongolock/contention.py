@@ -141,24 +141,25 @@ def contention_context(
     table = []
     for row in busiest:
         key = str(row["_id"])
-        acquired = _series(per_key[key], minutes)["acquired"]
+        series = _series(per_key[key], minutes)
+        sums = {name: sum(values) for name, values in series.items()}
+        longest = max(series["wait_max_ms"], default=0)
         table.append(
             KeyStats(
                 key=key,
                 url=url(key),
-                acquired=int(row.get("acquired") or 0),
-                waited=int(row.get("waited") or 0),
-                mean_wait=_mean_wait(row),
-                max_wait=duration(int(row.get("wait_max_ms") or 0) / 1000)
-                if row.get("wait_max_ms")
-                else "—",
-                busy=int(row.get("busy") or 0),
-                timeouts=int(row.get("timeouts") or 0),
-                lost=int(row.get("lost") or 0),
-                handoffs=int(row.get("handoffs") or 0),
+                acquired=sums["acquired"],
+                waited=sums["waited"],
+                mean_wait=_mean_wait(sums),
+                max_wait=duration(longest / 1000) if longest else "—",
+                busy=sums["busy"],
+                timeouts=sums["timeouts"],
+                lost=sums["lost"],
+                handoffs=sums["handoffs"],
                 waiting_now=waiting_of.get(key, 0),
                 spark=sparkline(
-                    acquired, label=_("Acquisitions of %(key)s per minute") % {"key": key}
+                    series["acquired"],
+                    label=_("Acquisitions of %(key)s per minute") % {"key": key},
                 ),
             )
         )

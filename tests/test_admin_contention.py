@@ -58,10 +58,12 @@ def test_a_flush_adds_counts_per_key_and_minute_with_bounded_events() -> None:
     assert minute == datetime(1970, 1, 1, 0, 2, tzinfo=UTC)
     bucket = queries.Bucket({"acquired": 3, "waited": 1, "lost": 0}, 1500, {"expired": 1})
     bucket.events = [{"kind": "lost", "at": minute}] * 30
-    [write] = queries.flush({("reports/daily", minute): bucket})
+    [total, write] = queries.flush({("reports/daily", minute): bucket})
+    assert total._filter == {"_id": {"t": minute}}  # the minute's total, for the charts
+    assert total._doc["$inc"] == {"acquired": 3, "waited": 1}
     doc: Any = write._doc
     assert write._filter == {"_id": {"k": "reports/daily", "t": minute}}
-    assert doc["$inc"] == {"acquired": 3, "waited": 1, "lost_by.expired": 1}
+    assert doc["$inc"] == {"acquired": 3, "waited": 1, "lost_by.expired": 1, "score": 1}
     assert doc["$max"] == {"wait_max_ms": 1500}
     assert doc["$setOnInsert"] == {"key": "reports/daily", "at": minute}
     assert doc["$push"]["events"]["$slice"] == -queries.EVENTS_KEEP
@@ -133,6 +135,7 @@ def test_counts_are_flushed_in_the_refreshers_tick_into_a_ttl_collection(
         kept.release()
         kept2.release()
     [doc] = store.stats.find({"key": "orders/sync"})
+    assert doc["score"] == 3  # one wait, one refusal, one timeout
     assert doc["acquired"] == 3  # the holder, the waiter (after waiting), the blocker
     assert doc["waited"] == 1
     assert doc["wait_ms"] >= 250

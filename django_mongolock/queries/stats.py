@@ -20,10 +20,13 @@ from pymongo import UpdateOne
 
 __all__ = [
     "BUCKET_SECONDS",
+    "BUSY_FIELDS",
     "COUNTERS",
     "EVENTS_KEEP",
     "MAX_KEYS",
     "OTHER_KEYS",
+    "STATS_BUSY_INDEX",
+    "STATS_KEY_INDEX",
     "STATS_RETENTION",
     "STATS_TTL_INDEX",
     "Bucket",
@@ -44,6 +47,11 @@ BUCKET_SECONDS: Final = 60
 # Seconds a minute's document is kept after that minute (the admin shows the last hour).
 STATS_RETENTION: Final = 7200
 STATS_TTL_INDEX: Final = "stats_ttl"
+# A key's minutes, for its page and the busiest keys' sparklines.
+STATS_KEY_INDEX: Final = "stats_key_at"
+# What the busiest keys are chosen by, so that the choice reads the index alone.
+STATS_BUSY_INDEX: Final = "stats_busy"
+BUSY_FIELDS: Final = ("at", "key", "score", "acquired")
 # At most this many keys per flush of a process: the busiest; the others are summed up
 # under OTHER_KEYS (an empty key, which no lock can have).
 MAX_KEYS: Final = 100
@@ -81,12 +89,15 @@ class Bucket:
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def weight(self) -> int:
-        """How much contention it shows: what a busiest-first cut keeps."""
+    def score(self) -> int:
+        """How much contention it shows: waits, refusals, timeouts, and losses ten times."""
         c = self.counts
-        return (
-            c.get("waited", 0) + c.get("busy", 0) + c.get("timeouts", 0) + 10 * c.get("lost", 0)
-        ) * 1000 + c.get("acquired", 0)
+        return c.get("waited", 0) + c.get("busy", 0) + c.get("timeouts", 0) + 10 * c.get("lost", 0)
+
+    @property
+    def weight(self) -> int:
+        """What a busiest-first cut keeps: the score, then the acquisitions."""
+        return self.score * 1000 + self.counts.get("acquired", 0)
 
     def merge(self, other: Bucket) -> None:
         for name, value in other.counts.items():
@@ -98,11 +109,30 @@ class Bucket:
 
 
 def flush(buckets: Mapping[tuple[str, datetime], Bucket]) -> list[UpdateOne]:
-    """The bulk write that adds ``buckets`` ({(key, minute): counts}) to the collection."""
-    writes = []
+    """The bulk write that adds ``buckets`` ({(key, minute): counts}) to the collection,
+    and their sum per minute to that minute's total (``key`` None), which the charts of
+    every key read instead of adding up the keys' documents on each page."""
+    totals: dict[datetime, Bucket] = {}
+    for (_, minute), bucket in buckets.items():
+        total = totals.setdefault(minute, Bucket())
+        total.merge(Bucket(bucket.counts, bucket.wait_max_ms, bucket.lost_by))
+    writes = [
+        UpdateOne(
+            {"_id": {"t": minute}},
+            {
+                "$setOnInsert": {"key": None, "at": minute},
+                "$max": {"wait_max_ms": total.wait_max_ms},
+                "$inc": {name: value for name, value in total.counts.items() if value}
+                or {"acquired": 0},
+            },
+            upsert=True,
+        )
+        for minute, total in sorted(totals.items())
+    ]
     for (key, minute), bucket in sorted(buckets.items(), key=lambda item: item[0]):
         inc: dict[str, int] = {name: value for name, value in bucket.counts.items() if value}
         inc.update({f"lost_by.{reason}": n for reason, n in bucket.lost_by.items() if n})
+        inc["score"] = bucket.score
         update: dict[str, Any] = {
             "$setOnInsert": {"key": key, "at": minute},
             "$max": {"wait_max_ms": bucket.wait_max_ms},
@@ -124,35 +154,25 @@ def _sums() -> dict[str, Any]:
 
 
 def busiest(since: datetime, limit: int) -> list[dict[str, Any]]:
-    """The ``limit`` keys with the most contention since ``since``, with their sums.
+    """The ``limit`` keys with the most contention since ``since`` (``score``: waits,
+    refusals, timeouts and ten times the losses), then the most acquisitions.
 
-    Contention: acquisitions that waited, refusals, timeouts and losses (ten times),
-    then acquisitions; the summed-up ``OTHER_KEYS`` are left out.
+    Only the key, minute, score and acquisitions are read, all from ``STATS_BUSY_INDEX``
+    (a covered scan: no document is fetched); the summed-up ``OTHER_KEYS`` and the
+    minutes' totals are left out.
     """
     return [
-        {"$match": {"at": {"$gte": since}, "key": {"$ne": OTHER_KEYS}}},
-        {"$group": {"_id": "$key", **_sums()}},
-        {
-            "$addFields": {
-                "score": {
-                    "$add": [
-                        "$waited",
-                        "$busy",
-                        "$timeouts",
-                        {"$multiply": ["$lost", 10]},
-                    ]
-                }
-            }
-        },
-        {"$sort": {"score": -1, "wait_ms": -1, "acquired": -1, "_id": 1}},
+        {"$match": {"at": {"$gte": since}, "key": {"$gt": OTHER_KEYS}}},
+        {"$group": {"_id": "$key", "score": {"$sum": "$score"}, "acquired": {"$sum": "$acquired"}}},
+        {"$sort": {"score": -1, "acquired": -1, "_id": 1}},
         {"$limit": limit},
     ]
 
 
 def totals(since: datetime) -> list[dict[str, Any]]:
-    """Every key's counts (``OTHER_KEYS`` included) added up per minute since ``since``."""
+    """Every key's counts added up per minute since ``since`` (from the minutes' totals)."""
     return [
-        {"$match": {"at": {"$gte": since}}},
+        {"$match": {"at": {"$gte": since}, "key": None}},
         {"$group": {"_id": "$at", **_sums()}},
         {"$sort": {"_id": 1}},
     ]

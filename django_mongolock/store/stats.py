@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from pymongo import ASCENDING
 from pymongo.collection import Collection
 
 from django_mongolock.info import IndexAction
@@ -42,10 +43,17 @@ class StatsStore(StoreBase):
         return self.index.plan(self._index_information(self.stats).get(self.index.name))
 
     def ensure_index(self) -> IndexAction:
-        """Create the TTL index (or bring its expiry in line); idempotent."""
+        """Create the TTL index (or bring its expiry in line) and the index of a key's
+        minutes; idempotent."""
         item = self.check_index()
         index = self.index
         with self._translate:
+            self.stats.create_index(
+                [("key", ASCENDING), ("at", ASCENDING)], name=queries.STATS_KEY_INDEX
+            )
+            self.stats.create_index(
+                [(name, ASCENDING) for name in queries.BUSY_FIELDS], name=queries.STATS_BUSY_INDEX
+            )
             if item.action == "missing":
                 self.stats.create_index(
                     index.field, expireAfterSeconds=index.seconds, name=index.name
@@ -71,7 +79,9 @@ class StatsStore(StoreBase):
 
     def busiest(self, since: datetime, limit: int) -> list[dict[str, Any]]:
         with self._translate:
-            return list(self.stats.aggregate(queries.busiest(since, limit)))
+            return list(
+                self.stats.aggregate(queries.busiest(since, limit), hint=queries.STATS_BUSY_INDEX)
+            )
 
     def totals(self, since: datetime) -> list[dict[str, Any]]:
         with self._translate:
