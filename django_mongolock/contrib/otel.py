@@ -45,8 +45,8 @@ class LockTracing:
 
     def _acquire(self, event: events.AcquireFinished) -> None:
         end = time.time_ns()
+        # Few attributes: the SDK checks each one, and that is most of a span's cost.
         attributes: dict[str, Any] = {
-            "db.system.name": "mongodb",
             "mongolock.key": event.key,
             "mongolock.owner": event.owner,
             "mongolock.shared": event.shared,
@@ -71,13 +71,7 @@ class LockTracing:
                 "mongolock.hold",
                 kind=SpanKind.INTERNAL,
                 start_time=end,
-                attributes={
-                    "db.system.name": "mongodb",
-                    "mongolock.key": event.key,
-                    "mongolock.owner": event.owner,
-                    "mongolock.shared": event.shared,
-                    "mongolock.token": event.lock.token,
-                },
+                attributes={"mongolock.key": event.key, "mongolock.token": event.lock.token},
             )
             with self._mutex:
                 self._holds[event.lock] = hold

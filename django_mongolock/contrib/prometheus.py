@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -120,39 +121,45 @@ class LockMetrics:
         )
         self.waiting.set_function(events.waiting_count)
         self._registry = registry
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._unsubscribe: Callable[[], None] | None = events.subscribe(self.observe)
 
     def _keyed(self, key: str) -> tuple[str, ...]:
         return () if self.key_label is None else (str(self.key_label(key)),)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: the label sets are few, and
+        ``labels()`` validates and locks on every call."""
+        found = self._children.get((metric, labels))
+        if found is None:
+            found = self._children[metric, labels] = metric.labels(*labels) if labels else metric
+        return found
 
     def observe(self, event: events.Event) -> None:
         """Update the metrics for one event (the observer ``install`` subscribes)."""
         if isinstance(event, events.AcquireFinished):
             keyed = self._keyed(event.key)
             mode = "shared" if event.shared else "exclusive"
-            self.acquisitions.labels(event.outcome, mode, *keyed).inc()
-            self.acquire_wait.labels(event.outcome, *keyed).observe(event.waited)
+            self._child(self.acquisitions, event.outcome, mode, *keyed).inc()
+            self._child(self.acquire_wait, event.outcome, *keyed).observe(event.waited)
         elif isinstance(event, events.Released):
             keyed = self._keyed(event.lock.key)
-            self.releases.labels("shared" if event.lock.shared else "exclusive", *keyed).inc()
+            mode = "shared" if event.lock.shared else "exclusive"
+            self._child(self.releases, mode, *keyed).inc()
             if event.held_for is not None:
-                self._observe_hold(keyed, event.held_for)
+                self._child(self.hold, *keyed).observe(event.held_for)
         elif isinstance(event, events.Lost):
             keyed = self._keyed(event.lock.key)
-            self.losses.labels(event.reason, *keyed).inc()
+            self._child(self.losses, event.reason, *keyed).inc()
             if event.held_for is not None:
-                self._observe_hold(keyed, event.held_for)
+                self._child(self.hold, *keyed).observe(event.held_for)
         elif isinstance(event, events.RefresherTick):
             self.tick.observe(event.duration)
             self.lag.observe(event.lag)
             if not event.ok:
                 self.refresh_failures.inc()
         else:
-            keyed = self._keyed(event.key)
-            (self.handoffs.labels(*keyed) if keyed else self.handoffs).inc()
-
-    def _observe_hold(self, keyed: tuple[str, ...], seconds: float) -> None:
-        (self.hold.labels(*keyed) if keyed else self.hold).observe(seconds)
+            self._child(self.handoffs, *self._keyed(event.key)).inc()
 
     def close(self) -> None:
         """Stop observing and take the metrics out of their registry."""
