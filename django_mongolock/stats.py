@@ -11,7 +11,9 @@ not records) and is logged once. The admin's contention view reads them back.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -32,6 +34,7 @@ __all__ = [
     "MAX_BUFFERED",
     "WAITED_AFTER",
     "Recorder",
+    "flush_all",
     "get_recorder",
     "install",
     "installed",
@@ -46,6 +49,8 @@ MAX_BUFFERED: Final = 1000
 # An acquisition that took longer than this counts as one that waited (the round trips of
 # an uncontended one take a few milliseconds).
 WAITED_AFTER: Final = 0.05
+# The longest the flush at interpreter exit may take, per manager.
+EXIT_FLUSH_TIMEOUT: Final = 0.5
 # The longest a flush may take: the refresher's next write must not wait on it.
 FLUSH_TIMEOUT: Final = 1.0
 
@@ -217,6 +222,16 @@ class Recorder:
             other.merge(bucket)
         return out
 
+    def sources(self) -> list[Hashable]:
+        """The sources with counts waiting for a flush."""
+        with self._mutex:
+            return list(self._pending.keys())
+
+    def forget(self) -> None:
+        """Drop every count not flushed yet (a forked child starts with none)."""
+        with self._mutex:
+            self._pending.clear()
+
     def pending(self, source: Hashable) -> int:
         """How many (key, minute) counters wait for ``source``'s next flush."""
         with self._mutex:
@@ -305,15 +320,40 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
 
 
 _unsubscribe: Callable[[], None] | None = None
+_hooked = False
+
+
+def flush_all(timeout: float = EXIT_FLUSH_TIMEOUT) -> int:
+    """Flush every manager's counts now, each within ``timeout`` (run at interpreter exit,
+    so that a short process, a cron command, leaves its counts behind)."""
+    recorder = _recorder
+    if recorder is None:
+        return 0
+    written = 0
+    for source in recorder.sources():
+        store = _store_of(source)
+        if store is not None:
+            written += recorder.flush(source, store, timeout)
+    return written
+
+
+def _forget_in_child() -> None:
+    recorder = _recorder
+    if recorder is not None:
+        recorder.forget()  # the parent flushes its own counts
 
 
 def install() -> None:
     """Record this process's contention statistics from now on (idempotent; no thread,
-    no I/O until a refresher tick has counts to write)."""
-    global _unsubscribe
+    no I/O until a refresher tick, or the interpreter's exit, has counts to write)."""
+    global _unsubscribe, _hooked
     with _recorder_mutex:
         if _unsubscribe is None:
             _unsubscribe = events.subscribe(observe)
+        if not _hooked:
+            _hooked = True
+            atexit.register(flush_all)
+            os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def uninstall() -> None:

@@ -4,11 +4,15 @@ collection, the contention page (charts and their table) and a key's line and hi
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,7 +64,8 @@ def test_a_flush_adds_counts_per_key_and_minute_with_bounded_events() -> None:
     bucket.events = [{"kind": "lost", "at": minute}] * 30
     [total, write] = queries.flush({("reports/daily", minute): bucket})
     assert total._filter == {"_id": {"t": minute}}  # the minute's total, for the charts
-    assert total._doc["$inc"] == {"acquired": 3, "waited": 1}
+    total_doc: Any = total._doc
+    assert total_doc["$inc"] == {"acquired": 3, "waited": 1}
     doc: Any = write._doc
     assert write._filter == {"_id": {"k": "reports/daily", "t": minute}}
     assert doc["$inc"] == {"acquired": 3, "waited": 1, "lost_by.expired": 1, "score": 1}
@@ -269,3 +274,30 @@ def test_a_line_of_waiters_in_order(admin_client: Client, locks: LockManager) ->
     hosts = re.findall(r'<td class="mongolock-mono" title="([^"]+)">', line)
     assert hosts == ["web-2:7:bb", "web-3:8:dd"]  # the lapsed place is not shown
     assert re.findall(r"<td>(shared|exclusive)</td>", line) == ["exclusive", "shared"]
+
+
+def test_a_short_process_leaves_its_counts_at_exit(locks: LockManager, mongolock_url: str) -> None:
+    """A cron-like process refused at once, which exits before any refresher tick."""
+    holder = locks.acquire("nightly/report", ttl=30, refresh=False)
+    program = (
+        "import sys\n"
+        "from django_mongolock import LockManager, LockNotAcquired, stats\n"
+        "stats.install()\n"
+        f"m = LockManager({mongolock_url!r}, database={locks.database!r})\n"
+        "try:\n"
+        "    m.acquire('nightly/report', blocking=False)\n"
+        "except LockNotAcquired:\n"
+        "    sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    holder.release()
+    assert done.returncode == 3, done.stderr
+    [doc] = _stats(locks).stats.find({"key": "nightly/report"})
+    assert doc["busy"] == 1
