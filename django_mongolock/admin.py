@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -46,10 +46,8 @@ from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
 from django_mongolock.releasing import (
     RELEASE_ACTION,
-    Selection,
+    ReleaseViews,
     bulk_selection,
-    confirmation_context,
-    force_release,
     parse_token,
 )
 from django_mongolock.validation import validate_key
@@ -74,7 +72,7 @@ else:  # ModelAdmin is generic for type checkers only
 
 
 @admin.register(Lock)
-class LockAdmin(_ModelAdmin):
+class LockAdmin(ReleaseViews, _ModelAdmin):
     """Lists, shows and force-releases the locks of the default ``LockManager``.
 
     Override ``get_manager`` to show another collection. Views check the model permissions
@@ -359,65 +357,6 @@ class LockAdmin(_ModelAdmin):
             [(key, token)],
             cancel_url=f"{detail_url}?{preserved}" if preserved else detail_url,
             bulk=False,
-        )
-
-    # -- releasing ------------------------------------------------------------------------------
-
-    def _release_confirmation(
-        self,
-        request: HttpRequest,
-        selection: Sequence[Selection],
-        *,
-        cancel_url: str,
-        bulk: bool,
-        unconfirmed: bool = False,
-    ) -> HttpResponse:
-        """What would be released, as the server sees it now; changed locks are left out.
-
-        A live lock whose holder is not known to be dead gets a box to tick: the release of that
-        lock goes ahead only with it ticked. ``unconfirmed``: shown again because a box
-        was left unticked.
-        """
-        context = self._context(
-            request,
-            **confirmation_context(request, self.get_manager(), selection, self._row),
-            bulk=bulk,
-            cancel_url=cancel_url,
-            changelist_url=self._changelist_url(_changelist_filters(request)),
-            unconfirmed=unconfirmed,
-        )
-        return self._render(request, self.release_confirmation_template, context)
-
-    def _release(
-        self,
-        request: HttpRequest,
-        selection: Sequence[Selection],
-        done: HttpResponse,
-        *,
-        cancel_url: str,
-        bulk: bool,
-    ) -> HttpResponse:
-        """Release at the tokens the operator confirmed; ask again for the unticked boxes."""
-        unconfirmed = force_release(
-            request, self.get_manager(), selection, lambda info: self.log_release(request, info)
-        )
-        if unconfirmed:
-            return self._release_confirmation(
-                request, unconfirmed, cancel_url=cancel_url, bulk=bulk, unconfirmed=True
-            )
-        return done
-
-    def log_release(self, request: HttpRequest, info: LockInfo) -> LogEntry:
-        """Record a force release in the admin log: key, former owner and fencing token."""
-        user_id = request.user.pk
-        assert user_id is not None  # admin_view lets only staff users in
-        return LogEntry.objects.create(
-            user_id=user_id,
-            content_type_id=ContentType.objects.get_for_model(self.model).pk,
-            object_id=info.key,
-            object_repr=short(info.key, 200),
-            action_flag=DELETION,
-            change_message=f"Force-released; owner {info.owner}, fencing token {info.token}.",
         )
 
     # -- MongoDB trouble ------------------------------------------------------------------------
