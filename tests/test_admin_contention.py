@@ -301,3 +301,23 @@ def test_a_short_process_leaves_its_counts_at_exit(locks: LockManager, mongolock
     assert done.returncode == 3, done.stderr
     [doc] = _stats(locks).stats.find({"key": "nightly/report"})
     assert doc["busy"] == 1
+
+
+def test_the_contention_view_with_nothing_recorded(
+    admin_client: Client, locks: LockManager
+) -> None:
+    html = admin_client.get(CONTENTION_URL).content.decode()
+    assert "No acquisitions recorded in this window." in html
+    assert "Nobody waits for a lock now." in html
+    assert html.count('<svg class="mongolock-chart"') == 3  # empty axes, no bars
+    assert "<rect" not in html
+
+
+def test_keys_are_escaped_in_charts_and_tables(admin_client: Client, locks: LockManager) -> None:
+    hostile = '<script>alert(1)</script>"&'
+    recorder = stats.Recorder()
+    recorder.acquire(locks, hostile, "busy")
+    _stats(locks).add(recorder.take(locks))
+    html = admin_client.get(CONTENTION_URL).content.decode()
+    assert "<script>alert(1)" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&amp;" in html
