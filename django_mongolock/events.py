@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 
 from django_mongolock import clock
-from django_mongolock.exceptions import LockNotAcquired, MongoLockError
+from django_mongolock.exceptions import LockNotAcquired
 
 __all__ = [
     "AcquireFinished",
@@ -65,15 +65,6 @@ class Held(Protocol):
     def owner(self) -> str: ...
     @property
     def token(self) -> int: ...
-    @property
-    def shared(self) -> bool: ...
-
-
-class _Request(Protocol):
-    @property
-    def key(self) -> str: ...
-    @property
-    def owner(self) -> str: ...
     @property
     def shared(self) -> bool: ...
 
@@ -182,6 +173,7 @@ def subscribe(observer: Observer) -> Callable[[], None]:
 
 
 def listening() -> bool:
+    """Whether any observer is subscribed (the core builds events only then)."""
     return bool(_observers)
 
 
@@ -208,7 +200,6 @@ def _emit(event: Event) -> None:
 
 _P = ParamSpec("_P")
 _H = TypeVar("_H", bound=Held)
-_T = TypeVar("_T")
 
 
 def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
@@ -275,30 +266,14 @@ def _acquired(args: tuple[Any, ...], started: float, lock: Held) -> None:
 
 
 def _failed(args: tuple[Any, ...], started: float, exc: BaseException) -> None:
-    now = _ended()
-    source, request = args[0], args[1]
-    outcome: Outcome
+    """Any ``Exception`` that is not a refusal is an error (the server's, or a failing
+    ``lock_acquired`` receiver's: the lock was given back); the rest is a cancellation."""
+    waited, (source, request) = _ended() - started, args[:2]
+    outcome: Outcome = "error" if isinstance(exc, Exception) else "cancelled"
     if isinstance(exc, LockNotAcquired):
         outcome = "busy" if exc.waited is None else "timeout"
-    elif isinstance(exc, MongoLockError):
-        outcome = "error"
-    elif isinstance(exc, Exception):
-        outcome = "error"  # a lock_acquired receiver failed: the lock was given back
-    else:
-        outcome = "cancelled"
-    _emit(
-        AcquireFinished(
-            source,
-            request.key,
-            request.owner,
-            request.shared,
-            outcome,
-            now - started,
-            None,
-            None,
-            exc,
-        )
-    )
+    key, owner, shared = request.key, request.owner, request.shared
+    _emit(AcquireFinished(source, key, owner, shared, outcome, waited, None, None, exc))
 
 
 def waited(wait: Callable[_P, tuple[float, Any]]) -> Callable[_P, tuple[float, Any]]:
