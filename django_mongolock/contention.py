@@ -250,14 +250,10 @@ def key_context(
     minutes = queries.minutes_of(since, MINUTES)
     rows = store.key_minutes([key], since)
     series = _series(rows, minutes)
+    recorded = any(any(series[name]) for name in ("acquired", "busy", "timeouts", "errors", "lost"))
     return {
         "line": line,
-        "key_charts": charts(series, minutes)
-        if any(series["acquired"])
-        or any(series["lost"])
-        or any(series["busy"])
-        or any(series["timeouts"])
-        else None,
+        "key_charts": charts(series, minutes) if recorded else None,
         "key_minute_rows": minute_rows(series, minutes),
         "key_sums": {name: sum(values) for name, values in series.items() if name != "wait_max_ms"},
         "events": _history(queries.events_of(rows), audit, now),
