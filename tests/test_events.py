@@ -25,6 +25,14 @@ def _of(seen: list[events.Event], kind: type[events.Event]) -> list[events.Event
     return [e for e in seen if isinstance(e, kind)]
 
 
+def _wait_for_loss(seen: list[events.Event]) -> None:
+    """The deadline watch sets ``lost`` first, then posts the notices (and the event)."""
+    pause = threading.Event()
+    for _ in range(250):  # 5 s at most
+        if _of(seen, events.Lost) or pause.wait(0.02):
+            return
+
+
 def test_acquire_and_release_are_told(manager: LockManager, seen: list[events.Event]) -> None:
     lock = manager.acquire("ev-job", ttl=10)
     assert events.held_count() == 1
@@ -104,10 +112,7 @@ def test_force_release_is_a_loss_with_its_reason(
 def test_lapsed_lease_is_expired(manager: LockManager, seen: list[events.Event]) -> None:
     lock = manager.acquire("ev-lapse", ttl=0.3, refresh=False)
     assert lock.lost.wait(5)
-    # The deadline watch sets ``lost`` first, then posts the notices (and the event).
-    told = threading.Event()
-    while not _of(seen, events.Lost) and not told.wait(0.02):
-        pass
+    _wait_for_loss(seen)
     (loss,) = _of(seen, events.Lost)
     assert isinstance(loss, events.Lost)
     assert loss.reason == "expired"
@@ -148,3 +153,32 @@ def test_nobody_listening_is_told_nothing(manager: LockManager) -> None:
     assert got == []
     with pytest.raises(TypeError):
         events.subscribe("not callable")  # type: ignore[arg-type]
+
+
+def test_a_closed_manager_loses_with_refresh_failed(
+    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+) -> None:
+    closing = LockManager(mongolock_url, database=manager.database, collection=manager.collection)
+    lock = closing.acquire("ev-closed", ttl=10)
+    closing.close()
+    get_refresher().tick()  # the lane finds its manager closed
+    assert lock.lost.is_set()
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "refresh-failed"
+
+
+def test_a_lease_that_lapses_while_the_server_is_unreachable(
+    manager: LockManager, seen: list[events.Event]
+) -> None:
+    lock = manager.acquire("ev-unreachable", ttl=0.3, refresh=False)
+    # What the manager's lane reports when its refresh write does not get through.
+    events.tick(manager, 0.0, 0.0, 1, 0.1, ok=False)
+    try:
+        assert lock.lost.wait(5)
+        _wait_for_loss(seen)
+    finally:
+        events.tick(manager, 0.0, 0.0, 1, 0.1, ok=True)
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "server-unreachable"

@@ -56,9 +56,10 @@ def test_waiting_gauge_counts_a_blocked_acquire(
     got: list[object] = []
     waiter = threading.Thread(target=lambda: got.append(other.acquire("m-wait", timeout=10)))
     waiter.start()
-    seen = threading.Event()
-    while value(registry, "mongolock_waiting_acquisitions") < 1 and not seen.wait(0.01):
-        pass
+    pause = threading.Event()
+    for _ in range(500):  # 5 s at most
+        if value(registry, "mongolock_waiting_acquisitions") >= 1 or pause.wait(0.01):
+            break
     assert value(registry, "mongolock_waiting_acquisitions") == 1
     holder.release()
     waiter.join(10)
