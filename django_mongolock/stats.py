@@ -309,14 +309,18 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
     elif isinstance(event, events.Handoff):
         recorder.handoff(event.source, event.key, owner=event.to_owner, token=event.token)
     elif isinstance(event, events.RefresherTick):
-        # Not while the server is unreachable (the refresh just failed), and within half
-        # the lane's interval, like its heartbeat: the next refresh must not wait on it.
+        # The next refresh must not wait on statistics: nothing while the server is
+        # unreachable (the refresh just failed) or slow (the tick took, or started, more
+        # than half its interval late: the counts wait for a quicker tick), and a quarter
+        # of the interval at most.
         if not event.ok or not recorder.pending(event.source):
+            return
+        every = event.interval
+        if every > 0 and (event.duration > every / 2 or event.lag > every / 2):
             return
         store = _store_of(event.source)
         if store is not None:
-            budget = min(FLUSH_TIMEOUT, event.interval / 2) if event.interval > 0 else None
-            recorder.flush(event.source, store, budget or FLUSH_TIMEOUT)
+            recorder.flush(event.source, store, min(FLUSH_TIMEOUT, every / 4) or FLUSH_TIMEOUT)
 
 
 _unsubscribe: Callable[[], None] | None = None

@@ -153,10 +153,15 @@ def test_counts_are_flushed_in_the_refreshers_tick_into_a_ttl_collection(
     assert store.check_index().action == "unchanged"
 
 
-def test_an_unreachable_tick_writes_nothing(locks: LockManager, recorder: stats.Recorder) -> None:
+def test_an_unreachable_or_slow_tick_writes_nothing(
+    locks: LockManager, recorder: stats.Recorder
+) -> None:
     recorder.acquire(locks, "a", "acquired")
     stats.observe(events.RefresherTick(locks, 0.01, 0.0, 1, 10.0, False), recorder)
     assert recorder.pending(locks) == 1  # kept for a tick that reaches the server
+    stats.observe(events.RefresherTick(locks, 6.0, 0.0, 1, 10.0, True), recorder)
+    stats.observe(events.RefresherTick(locks, 0.01, 6.0, 1, 10.0, True), recorder)
+    assert recorder.pending(locks) == 1  # and for one that is not slow or late
     stats.observe(events.RefresherTick(locks, 0.01, 0.0, 1, 10.0, True), recorder)
     assert recorder.pending(locks) == 0
     assert _stats(locks).stats.count_documents({"key": "a"}) == 1

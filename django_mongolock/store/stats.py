@@ -7,6 +7,7 @@ as they are: one bulk write per flush, and the admin's reads of the last hour.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -19,7 +20,10 @@ from django_mongolock.queries import stats as queries
 from django_mongolock.queries.indexes import TTLIndex
 from django_mongolock.store.base import StoreBase
 
-__all__ = ["StatsStore"]
+__all__ = ["INDEX_RETRY", "StatsStore"]
+
+# Seconds before a failed creation of the indexes is tried again.
+INDEX_RETRY = 60.0
 
 
 class StatsStore(StoreBase):
@@ -28,6 +32,7 @@ class StatsStore(StoreBase):
     def __init__(self, collection: Collection[Any]) -> None:
         super().__init__(collection)
         self._indexed = False
+        self._index_retry = 0.0  # when a failed index creation may be tried again
         self._mutex = threading.Lock()
 
     @property
@@ -66,13 +71,16 @@ class StatsStore(StoreBase):
         return item
 
     def add(self, buckets: Mapping[tuple[str, datetime], queries.Bucket]) -> None:
-        """Add one process's counts: one unordered bulk write (the TTL index once first)."""
+        """Add one process's counts: one unordered bulk write (the indexes once first; a
+        failed creation is tried again a minute later, not on every flush)."""
         writes = queries.flush(buckets)
         if not writes:
             return
         with self._mutex:
-            indexed = self._indexed
-        if not indexed:
+            due = not self._indexed and time.monotonic() >= self._index_retry
+            if due:
+                self._index_retry = time.monotonic() + INDEX_RETRY
+        if due:
             self.ensure_index()
         with self._translate:
             self.stats.bulk_write(writes, ordered=False)
