@@ -132,3 +132,21 @@ def test_install_once() -> None:
         assert otel.install() is otel.install()
     finally:
         otel.uninstall()
+
+
+def test_a_refused_try_outside_any_trace_makes_no_span(
+    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = traced
+    holder = manager.acquire("t-try", ttl=10)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("t-try", blocking=False)
+    with provider.get_tracer("test").start_as_current_span("job"), pytest.raises(LockNotAcquired):
+        other.acquire("t-try", blocking=False)
+    holder.release()
+    outcomes = [
+        s.attributes["mongolock.outcome"]
+        for s in named(exporter, "mongolock.acquire")
+        if s.attributes is not None
+    ]
+    assert outcomes == ["acquired", "busy"]

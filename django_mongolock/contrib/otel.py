@@ -44,6 +44,8 @@ class LockTracing:
             self._end_hold(event.lock, {"mongolock.loss_reason": event.reason}, event.detail)
 
     def _acquire(self, event: events.AcquireFinished) -> None:
+        if event.outcome == "busy" and not trace.get_current_span().get_span_context().is_valid:
+            return  # a refused try outside any trace: an election follower's, every tick
         end = time.time_ns()
         # Few attributes: the SDK checks each one, and that is most of a span's cost.
         attributes: dict[str, Any] = {
