@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from django_mongolock import clock
+from django_mongolock import clock, events
 from django_mongolock.acquirer import Request, WaitPlan, busy, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import MongoLockError
@@ -49,6 +49,7 @@ class Source(LockBackend, Protocol):
         ...
 
 
+@events.observed
 def acquire(
     source: Source,
     request: Request,
@@ -97,6 +98,7 @@ def acquire(
     return announce(lock) if announcing else lock
 
 
+@events.waited
 def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple[float, LockInfo]:
     """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
     watcher = source.watcher
@@ -120,6 +122,7 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             return sent_at, mine
 
 
+@events.aobserved
 async def aacquire(
     source: Source,
     request: Request,
@@ -163,6 +166,7 @@ async def aacquire(
     return await aannounce(_handle(source, mine, sent_at, keep, on_lost))
 
 
+@events.awaited
 async def _await(
     source: Source, store: AsyncLockStore, plan: WaitPlan, wake: AsyncWake
 ) -> tuple[float, LockInfo]:

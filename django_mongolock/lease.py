@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django_mongolock import clock
+from django_mongolock import clock, events
 from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -339,14 +339,14 @@ class LeaseState:
     def _post_notices(self, reason: str) -> None:
         """Post the notices, each apart: ``on_lost`` first (it demotes an election), then
         one per ``lock_lost`` receiver, so that none waits behind another that blocks."""
-        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        events.lost(self._sender, self, reason, self._deadline)
         receivers = calls(lock_lost, self._sender, lock=self, reason=reason)
         get_notices().post_all(receivers, urgent=[self._call_on_lost])
         get_deadlines().kick()
 
     def _notify(self, reason: str) -> None:
         """Log, call ``on_lost`` and send ``lock_lost`` here: a failing one stops none."""
-        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        events.lost(self._sender, self, reason, self._deadline)
         self._call_on_lost()
         send_safely(lock_lost, self._sender, lock=self, reason=reason)
 

@@ -1,0 +1,184 @@
+"""The in-process lock events, against the real replica set: what observers are told."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from django_mongolock import LockLost, LockManager, LockNotAcquired, events
+from django_mongolock.refresher import get_refresher
+
+
+@pytest.fixture
+def seen() -> Iterator[list[events.Event]]:
+    got: list[events.Event] = []
+    unsubscribe = events.subscribe(got.append)
+    yield got
+    unsubscribe()
+
+
+def _of(seen: list[events.Event], kind: type[events.Event]) -> list[events.Event]:
+    return [e for e in seen if isinstance(e, kind)]
+
+
+def _wait_for_loss(seen: list[events.Event]) -> None:
+    """The deadline watch sets ``lost`` first, then posts the notices (and the event)."""
+    pause = threading.Event()
+    for _ in range(250):  # 5 s at most
+        if _of(seen, events.Lost) or pause.wait(0.02):
+            return
+
+
+def test_acquire_and_release_are_told(manager: LockManager, seen: list[events.Event]) -> None:
+    lock = manager.acquire("ev-job", ttl=10)
+    assert events.held_count() == 1
+    assert lock.release()
+    acquired, released = seen[0], seen[1]
+    assert isinstance(acquired, events.AcquireFinished)
+    assert (acquired.key, acquired.owner, acquired.token, acquired.outcome) == (
+        "ev-job",
+        lock.owner,
+        lock.token,
+        "acquired",
+    )
+    assert acquired.lock is lock
+    assert acquired.source is manager
+    assert acquired.waited > 0
+    assert isinstance(released, events.Released)
+    assert released.lock is lock
+    assert released.held
+    assert released.held_for is not None
+    assert released.held_for >= 0
+    assert events.held_count() == 0
+    assert events.waiting_count() == 0
+
+
+def test_busy_and_timeout_outcomes(
+    manager: LockManager, other: LockManager, seen: list[events.Event]
+) -> None:
+    holder = manager.acquire("ev-busy", ttl=30)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("ev-busy", blocking=False)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("ev-busy", timeout=0.2)
+    finished = [
+        e for e in _of(seen, events.AcquireFinished) if isinstance(e, events.AcquireFinished)
+    ]
+    assert [e.outcome for e in finished] == ["acquired", "busy", "timeout"]
+    assert finished[2].waited >= 0.2
+    assert finished[1].token is None
+    assert finished[1].lock is None
+    assert isinstance(finished[2].error, LockNotAcquired)
+    holder.release()
+
+
+def test_async_acquire_is_told(manager: LockManager, seen: list[events.Event]) -> None:
+    async def main() -> None:
+        lock = await manager.aacquire("ev-async", ttl=10)
+        await lock.arelease()
+
+    asyncio.run(main())
+    kinds = [type(e).__name__ for e in seen if not isinstance(e, events.RefresherTick)]
+    assert kinds == ["AcquireFinished", "Released"]
+
+
+def test_force_release_is_a_loss_with_its_reason(
+    manager: LockManager,
+    other: LockManager,
+    seen: list[events.Event],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lock = manager.acquire("ev-forced", ttl=30)
+    assert other.force_release("ev-forced") is not None
+    with caplog.at_level(logging.WARNING, "django_mongolock.lock"), pytest.raises(LockLost):
+        lock.refresh()
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "force-released"
+    assert loss.lock is lock
+    assert loss.held_for is not None
+    (record,) = [r for r in caplog.records if r.name == "django_mongolock.lock"]
+    assert record.__dict__["key"] == "ev-forced"
+    assert record.__dict__["token"] == lock.token
+    assert record.__dict__["reason"] == "force-released"
+    assert not lock.release()
+    assert events.held_count() == 0
+
+
+def test_lapsed_lease_is_expired(manager: LockManager, seen: list[events.Event]) -> None:
+    lock = manager.acquire("ev-lapse", ttl=0.3, refresh=False)
+    assert lock.lost.wait(5)
+    _wait_for_loss(seen)
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "expired"
+
+
+def test_refresher_tick_is_told(manager: LockManager, seen: list[events.Event]) -> None:
+    lock = manager.acquire("ev-tick", ttl=10)
+    get_refresher().tick()
+    ticks = [e for e in _of(seen, events.RefresherTick) if isinstance(e, events.RefresherTick)]
+    assert ticks
+    assert ticks[-1].source is manager
+    assert ticks[-1].ok
+    assert ticks[-1].leases >= 1
+    assert ticks[-1].duration >= 0
+    lock.release()
+
+
+def test_a_failing_observer_stops_nothing(manager: LockManager, seen: list[events.Event]) -> None:
+    def broken(event: events.Event) -> None:
+        raise RuntimeError("observer bug")
+
+    unsubscribe = events.subscribe(broken)
+    try:
+        with manager.acquire("ev-broken", ttl=10) as lock:
+            assert lock.valid
+    finally:
+        unsubscribe()
+    assert [type(e).__name__ for e in seen if not isinstance(e, events.RefresherTick)] == [
+        "AcquireFinished",
+        "Released",
+    ]
+
+
+def test_nobody_listening_is_told_nothing(manager: LockManager) -> None:
+    got: list[events.Event] = []
+    events.subscribe(got.append)()
+    manager.acquire("ev-quiet", ttl=10).release()
+    assert got == []
+    with pytest.raises(TypeError):
+        events.subscribe("not callable")  # type: ignore[arg-type]
+
+
+def test_a_closed_manager_loses_with_refresh_failed(
+    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+) -> None:
+    closing = LockManager(mongolock_url, database=manager.database, collection=manager.collection)
+    lock = closing.acquire("ev-closed", ttl=10)
+    closing.close()
+    get_refresher().tick()  # the lane finds its manager closed
+    assert lock.lost.is_set()
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "refresh-failed"
+
+
+def test_a_lease_that_lapses_while_the_server_is_unreachable(
+    manager: LockManager, seen: list[events.Event]
+) -> None:
+    lock = manager.acquire("ev-unreachable", ttl=0.3, refresh=False)
+    # What the manager's lane reports when its refresh write does not get through.
+    events.tick(manager, 0.0, 0.0, 1, 0.1, ok=False)
+    try:
+        assert lock.lost.wait(5)
+        _wait_for_loss(seen)
+    finally:
+        events.tick(manager, 0.0, 0.0, 1, 0.1, ok=True)
+    (loss,) = _of(seen, events.Lost)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "server-unreachable"
