@@ -4,7 +4,8 @@ A semaphore is a shared lock with a limit; a group takes several exclusive locks
 global order; an election is an exclusive lock that the refresher thread keeps trying to
 take (campaigning) and keeps alive once taken. Each recipe is handed its source (a
 ``LockManager``, see ``LockSource``) and uses only its public calls and, for holders
-tagged in the document, the acquire of ``acquiring.py``: none imports the manager. A new recipe is a new module here.
+tagged in the document, the acquire of ``acquiring.py``: none imports the manager. A new
+recipe is a new module here.
 """
 
 from django_mongolock.recipes.election import Election
