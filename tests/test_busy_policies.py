@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pymongo import MongoClient
 from django_mongolock import LockManager, LockNotAcquired, MongoLockError, current_lock, locked
 from django_mongolock.decorating.coalesce import Requests
 from django_mongolock.queries.requests import REQUESTS_TTL_INDEX as TTL_INDEX
+from django_mongolock.testing import MongoReplicaSet
 from tests import coalesce_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -477,4 +479,204 @@ def test_requests_live_in_a_side_collection_with_a_ttl(
         ]
         assert len(ttl) == 1
     finally:
+        client.close()
+
+
+# "coalesce": a run only for a request no run has covered ------------------------------------
+
+
+def pause_in(
+    monkeypatch: pytest.MonkeyPatch, method: str, thread: str, *, when: Any = None
+) -> tuple[threading.Event, threading.Event]:
+    """Pause the thread named ``thread`` right after its first ``Requests.<method>`` (whose
+    result satisfies ``when``, if given): (paused, go)."""
+    paused, go = threading.Event(), threading.Event()
+    original = getattr(Requests, method)
+
+    def pausing(self: Requests, key: str) -> Any:
+        result = original(self, key)
+        mine = threading.current_thread().name == thread and not paused.is_set()
+        if mine and (when is None or when(result)):
+            paused.set()
+            assert go.wait(20)
+        return result
+
+    monkeypatch.setattr(Requests, method, pausing)
+    return paused, go
+
+
+def recording_runs(manager: LockManager, key: str) -> tuple[Any, list[str], threading.Event]:
+    """A coalescing function whose first run waits for ``finish``; ``runs`` names the
+    threads that ran it, in order."""
+    runs: list[str] = []
+    finish = threading.Event()
+
+    @locked(key, on_busy="coalesce", manager=manager)
+    def rebuild() -> str:
+        runs.append(threading.current_thread().name)
+        if len(runs) == 1:
+            assert finish.wait(20)
+        return "built"
+
+    return rebuild, runs, finish
+
+
+def test_a_busy_call_whose_request_was_served_meanwhile_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, manager: LockManager
+) -> None:
+    paused, go = pause_in(monkeypatch, "add", "B")
+    rebuild, runs, finish = recording_runs(manager, "served-meanwhile")
+    results: dict[str, object] = {}
+    holder = threading.Thread(target=lambda: results.update(H=rebuild()), name="H")
+    holder.start()
+    wait_until(lambda: runs == ["H"], "the holder's run")
+    busy = threading.Thread(target=lambda: results.update(B=rebuild()), name="B")
+    busy.start()
+    assert paused.wait(20)  # B's request is recorded; B has not tried the lock again
+    finish.set()
+    holder.join(20)
+    assert runs == ["H", "H"]  # the holder ran once more, for B's request
+    go.set()
+    busy.join(20)
+    assert not holder.is_alive()
+    assert not busy.is_alive()
+    assert runs == ["H", "H"]  # B got the lock, found its request served, did not run
+    assert results == {"H": "built", "B": None}
+    assert not Requests(manager).pending("served-meanwhile")
+    assert manager.status("served-meanwhile") is None
+
+
+def test_a_holder_does_not_run_for_requests_another_run_served(
+    monkeypatch: pytest.MonkeyPatch, manager: LockManager
+) -> None:
+    paused, go = pause_in(monkeypatch, "pending", "H", when=bool)
+    rebuild, runs, finish = recording_runs(manager, "served-by-another")
+    results: dict[str, object] = {}
+    holder = threading.Thread(target=lambda: results.update(H=rebuild()), name="H")
+    holder.start()
+    wait_until(lambda: runs == ["H"], "the holder's run")
+    busy = threading.Thread(target=lambda: results.update(B=rebuild()), name="B")
+    busy.start()
+    busy.join(20)
+    finish.set()
+    assert paused.wait(20)  # H found B's request pending, has not tried the lock again
+    fresh = threading.Thread(target=lambda: results.update(C=rebuild()), name="C")
+    fresh.start()
+    fresh.join(20)
+    assert runs == ["H", "C"]  # C's run started after B's request: it covered it
+    go.set()
+    holder.join(20)
+    assert not holder.is_alive()
+    assert not fresh.is_alive()
+    assert runs == ["H", "C"]
+    assert results == {"B": None, "C": "built", "H": "built"}
+    assert not Requests(manager).pending("served-by-another")
+
+
+def test_a_request_made_after_the_document_was_dropped_mid_run_is_not_lost(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The TTL monitor may drop a key's document (here: a delete stands in for it): a
+    request recorded after that, on a new document, is not marked served by the run."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url, tz_aware=True)
+    documents = client[manager.database][manager.collection + ".requests"]
+    requests = Requests(manager)
+    for _ in range(3):
+        requests.add("dropped")
+    soon = datetime.now(UTC) + timedelta(days=1)
+    documents.update_one({"_id": "dropped"}, {"$set": {"expires_at": soon}})
+    kept_until: list[Any] = []
+    runs: list[int] = []
+
+    def busy_call() -> None:
+        results.append(rebuild())
+
+    @locked("dropped", on_busy="coalesce", manager=manager)
+    def rebuild() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            document = documents.find_one({"_id": "dropped"})
+            assert document is not None
+            kept_until.append(document["expires_at"])
+            documents.delete_one({"_id": "dropped"})
+            busy = threading.Thread(target=busy_call)
+            busy.start()
+            busy.join(20)
+        return "built"
+
+    results: list[object] = []
+    try:
+        results.append(rebuild())
+    finally:
+        client.close()
+    assert results == [None, "built"]
+    assert len(runs) == 2  # once more, for the request made on the new document
+    assert not requests.pending("dropped")
+    # The run's start kept the document from the TTL monitor for the idle expiry.
+    assert kept_until[0] > soon + timedelta(days=5)
+
+
+@pytest.fixture(scope="module")
+def testable() -> Iterator[MongoReplicaSet]:
+    """A single-node replica set that accepts fail points (``enableTestCommands``)."""
+    replica_set = MongoReplicaSet(
+        1, name="coalesce", extra_args=["--setParameter", "enableTestCommands=1"]
+    )
+    replica_set.start()
+    try:
+        yield replica_set
+    finally:
+        replica_set.stop()
+
+
+def test_a_finished_run_returns_its_result_when_the_extra_runs_acquire_fails(
+    testable: MongoReplicaSet,
+) -> None:
+    """A server error on the way to the extra run does not turn the finished run into a
+    failure; the request stays pending for the next run of the key."""
+    admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
+    client: MongoClient[dict[str, Any]] = MongoClient(testable.url, appname="coalesce-holder")
+    holding = LockManager(client=client, database="coalesce")
+    busy = LockManager(testable.url, database="coalesce")
+    runs: list[int] = []
+
+    def fail_the_next_acquire() -> None:
+        # The holder's release and serve are updates, its look for requests a find: its
+        # next findAndModify is the extra run's acquire.
+        admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={
+                "failCommands": ["findAndModify"],
+                "errorCode": 2,
+                "appName": "coalesce-holder",
+            },
+        )
+
+    @locked("extra", on_busy="coalesce", manager=busy)
+    def requested() -> str:
+        raise AssertionError("ran while the lock was held")
+
+    @locked("extra", ttl=30, on_busy="coalesce", manager=holding)
+    def rebuild() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            assert requested() is None  # a request made while this run goes on
+            fail_the_next_acquire()
+        return "built"
+
+    try:
+        assert rebuild() == "built"
+        assert runs == [1]
+        assert Requests(busy).pending("extra")  # left for the next run of the key
+        assert rebuild() == "built"
+        assert runs == [1, 1]
+        assert not Requests(busy).pending("extra")
+    finally:
+        admin.admin.command("configureFailPoint", "failCommand", mode="off")
+        admin.drop_database("coalesce")
+        admin.close()
+        holding.close()
+        busy.close()
         client.close()

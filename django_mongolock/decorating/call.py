@@ -140,45 +140,86 @@ class Call:
     ) -> Any:
         """Run, then run again while requests came in during the run (see ``coalesce``)."""
         kind, subject = call_kind(args)
+        options = self._acquire_options()
         with self._server_problems(kind):
             manager = self._manager()
             requests = Requests(manager)
-        result: Any = None
-        first = True
-        while True:
-            with self._server_problems(kind):
-                try:
-                    lock = manager.acquire(key, **self._acquire_options())
-                except LockNotAcquired:
-                    if not first:
-                        return result  # the holder now finds the pending request when done
-                    requests.add(key)
-                    try:  # the holder may have looked for requests and released meanwhile
-                        lock = manager.acquire(key, **self._acquire_options())
-                    except LockNotAcquired as again:
-                        return self._coalesced(manager, again, kind, subject, kwargs)
-                first = False
-                try:
-                    covered = requests.count(key)
-                except BaseException:
-                    release(lock, self.key.name)
-                    raise
-            result = self._run_held(target, args, kwargs, lock, kind, subject)
             try:
-                requests.serve(key, covered)
+                lock = manager.acquire(key, **options)
+                own_run = True  # the call's own first run: it runs whatever the counts say
+            except LockNotAcquired:
+                number = requests.add(key)
+                try:  # the holder may have looked for requests and released meanwhile
+                    lock = manager.acquire(key, **options)
+                except LockNotAcquired as again:
+                    return self._coalesced(manager, again, kind, subject, kwargs)
+                own_run = False
+                logger.debug("%s(): got the lock after requesting run %d", self.key.name, number)
+        result: Any = None
+        ran = False
+        while True:
+            # Holding `lock`. Any run but the call's own first one runs only while a request
+            # is pending: a run since (another's) may have covered them all.
+            try:
+                count = requests.count(key)
+            except BaseException as error:
+                release(lock, self.key.name)
+                return self._extra_failed(error, ran, kind, key, result)
+            if own_run or count.pending:
+                own_run = False
+                result = self._run_held(target, args, kwargs, lock, kind, subject)
+                ran = True
+                try:
+                    requests.serve(key, count.requested)
+                except MongoLockError as error:
+                    return self._extra_failed(error, ran, kind, key, result)
+            else:
+                release(lock, self.key.name)
+                logger.debug("%s(): the requests were covered by a run since", self.key.name)
+            # Released: a request made while the lock was held found it busy and is left
+            # to this call.
+            try:
                 if not requests.pending(key):
-                    return result
-            except MongoLockError:
-                # The run is done; what is left pending is served by the next run of the key.
-                logger.warning(
-                    "%s(): ran, but could not look for run requests of %r; the next run "
-                    "serves any that are pending",
-                    self.key.name,
-                    key,
-                    exc_info=True,
-                )
-                return result
+                    return self._finished(ran, result, kind, subject, kwargs)
+                lock = manager.acquire(key, **options)
+            except LockNotAcquired:
+                # The holder started after the request, or finds it when done.
+                return self._finished(ran, result, kind, subject, kwargs)
+            except MongoLockError as error:
+                return self._extra_failed(error, ran, kind, key, result)
             logger.debug("%s(): runs once more for a request made while it ran", self.key.name)
+
+    def _extra_failed(
+        self, error: BaseException, ran: bool, kind: Kind, key: str, result: Any
+    ) -> Any:
+        """A server error after the call's run: the run's result, not an error (what is
+        left pending is served by the next run of the key). Before it: raised."""
+        if ran and isinstance(error, MongoLockError):
+            logger.warning(
+                "%s(): ran, but could not look for or serve run requests of %r; the next "
+                "run of the key serves any that are pending",
+                self.key.name,
+                key,
+                exc_info=error,
+            )
+            return result
+        with self._server_problems(kind):
+            raise error
+
+    def _finished(
+        self, ran: bool, result: Any, kind: Kind, subject: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        """The result of the call's run; a call that did not run (a run since covered its
+        request) returns None, and a command says so in one line."""
+        if ran:
+            return result
+        if kind == "command" and kwargs.get("verbosity", 1) >= 1:
+            command = cast("BaseCommand", subject)
+            name = type(command).__module__.rpartition(".")[2]
+            command.stdout.write(
+                command.style.WARNING(f"{name}: not run now; a run since covered this request.")
+            )
+        return None
 
     def _coalesced(
         self,

@@ -13,6 +13,16 @@ more; a holder, after its run and its release, looks for pending requests and, i
 are any, tries the lock again. Whoever holds the lock after a request was recorded either
 started after it (and covers it) or finds it when done.
 
+At most one extra run: any acquire that is not a call's own first run (a busy call's second
+try, a holder's next round) reads the counts once it holds the lock and runs only if its
+reason still stands: the busy call's request is not served yet, or (for a holder) some
+request is pending. Otherwise it releases, and looks for pending requests once more, since
+a request made while it held the lock found the key busy.
+
+A run's start (under the lock) also keeps the key's document from the TTL monitor, and a
+run serves its count only on a document that has counted that many, so that a document
+dropped and made anew mid-run does not have its new requests marked served.
+
 ``migrate_mongolock`` creates the collection's TTL index (idle keys' documents go after
 ``IDLE_EXPIRY``); it is also created on first use, once per process, where the user may.
 """
@@ -23,10 +33,10 @@ import logging
 import threading
 
 from django_mongolock.manager import LockManager
-from django_mongolock.queries.requests import IDLE_EXPIRY, REQUESTS_TTL_INDEX
+from django_mongolock.queries.requests import IDLE_EXPIRY, REQUESTS_TTL_INDEX, RequestCount
 from django_mongolock.store import LockStore
 
-__all__ = ["IDLE_EXPIRY", "Requests"]
+__all__ = ["IDLE_EXPIRY", "RequestCount", "Requests"]
 
 logger = logging.getLogger("django_mongolock.decorators")
 
@@ -65,16 +75,18 @@ class Requests:
         with _indexed_mutex:
             _indexed.add(marker)
 
-    def add(self, key: str) -> None:
-        """Record one request for a run of ``key`` (durable once this returns)."""
-        self._store.add_request(key)
+    def add(self, key: str) -> int:
+        """Record one request for a run of ``key`` (durable once this returns); its number:
+        a run covered it once ``served`` reaches it."""
+        return self._store.add_request(key)
 
-    def count(self, key: str) -> int:
-        """How many requests a run starting now covers; read while holding the lock."""
+    def count(self, key: str) -> RequestCount:
+        """The counts a run starting now sees (it covers ``requested``); read while holding
+        the lock. Keeps the key's document from the TTL monitor while the run goes on."""
         return self._store.requested(key)
 
     def serve(self, key: str, covered: int) -> None:
-        """A run that started at ``count() == covered`` has finished."""
+        """A run that started at ``count().requested == covered`` has finished."""
         self._store.serve_requests(key, covered)
 
     def pending(self, key: str) -> bool:

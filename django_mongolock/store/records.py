@@ -55,22 +55,39 @@ class RecordQueries(StoreBase):
         """Run requests of ``on_busy="coalesce"``, one document per key."""
         return self._side("requests")
 
-    def add_request(self, key: str) -> None:
-        """Record one request for a run of ``key`` (durable once this returns)."""
+    def add_request(self, key: str) -> int:
+        """Record one request for a run of ``key`` (durable once this returns); its number,
+        which a run has covered once ``served`` reaches it."""
         with self._translate:
-            self.requests.update_one({"_id": key}, run_requests.add_request(), upsert=True)
+            found = self.requests.find_one_and_update(
+                {"_id": key},
+                run_requests.add_request(),
+                {"requested": 1},
+                upsert=True,
+                return_document=pymongo.ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returns the document after it
+        return int(found["requested"])
 
-    def requested(self, key: str) -> int:
-        """How many requests of ``key`` were ever recorded (kept while the key is in use)."""
+    def requested(self, key: str) -> run_requests.RequestCount:
+        """The counts of ``key`` as a run starting now sees them; keeps the document from
+        the TTL monitor for ``IDLE_EXPIRY`` (read while holding the lock)."""
         with self._translate:
-            found = self.requests.find_one({"_id": key}, {"requested": 1})
-        return int(found.get("requested", 0)) if found else 0
+            found = self.requests.find_one_and_update(
+                {"_id": key},
+                run_requests.start_run(),
+                {"requested": 1, "served": 1},
+                upsert=True,
+                return_document=pymongo.ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returns the document after it
+        return run_requests.RequestCount(int(found["requested"]), int(found["served"]))
 
     def serve_requests(self, key: str, covered: int) -> None:
-        """A run that started when ``requested(key) == covered`` has finished."""
+        """A run that started when ``requested(key)`` counted ``covered`` has finished."""
         if covered > 0:
             with self._translate:
-                self.requests.update_one({"_id": key}, run_requests.served(covered))
+                self.requests.update_one(*run_requests.served(key, covered))
 
     def request_pending(self, key: str) -> bool:
         """Whether a request of ``key`` came in that no finished run has covered."""
