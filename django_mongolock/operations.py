@@ -104,7 +104,19 @@ class Operations:
         by = validate_audit_text("by", operator() if by is None else by, allow_empty=False)
         info = self.store.force_release_recorded(key, token, by=by, reason=reason)
         if info is not None:
-            logger.info("force-released %r (owner %s, token %s)", key, info.owner, info.token)
+            logger.info(
+                "force-released %r (owner %s, token %s)",
+                key,
+                info.owner,
+                info.token,
+                extra={
+                    "key": key,
+                    "owner": info.owner,
+                    "token": info.token,
+                    "by": by,
+                    "reason": reason,
+                },
+            )
             self.waiters.notify(key)
         return info
 

@@ -62,6 +62,23 @@ def test_lost_and_force_released(
     }
 
 
+def test_a_force_release_is_logged_with_who_and_why(
+    manager: LockManager, other: LockManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = manager.acquire("log-forced", ttl=30)
+    with caplog.at_level(logging.INFO, "django_mongolock"):
+        other.force_release("log-forced", reason="stuck job", by="ops@host")
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("force-released")]
+    assert record.levelno == logging.INFO
+    assert _fields(record, "key", "owner", "token", "by", "reason") == {
+        "key": "log-forced",
+        "owner": lock.owner,
+        "token": lock.token,
+        "by": "ops@host",
+        "reason": "stuck job",
+    }
+
+
 @pytest.fixture
 def stall_once(manager: LockManager) -> Iterator[threading.Event]:
     """An observer that holds up the first tick of ``manager``'s lane (a stalled lane)."""
