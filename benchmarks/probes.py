@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from multiprocessing.queues import Queue
 from typing import Any, Final
 
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
@@ -37,6 +37,38 @@ REFRESH_TTL: Final = 120.0
 FILL_THREADS: Final = 16
 # Held locks whose allocations tracemalloc measures, the last ones taken.
 TRACED: Final = 1000
+# Beside the exclusive locks of the largest size: shared locks on keys of their own, and
+# the permits of one semaphore, refreshed by the same tick.
+SHARED_KEYS: Final = 900
+PERMITS: Final = 100
+
+
+class _Writes(monitoring.CommandListener):
+    """Server time of each command the manager's client sends, by collection."""
+
+    def __init__(self) -> None:
+        self.spent: list[tuple[str, str, float]] = []
+        self._names: dict[int, tuple[str, str]] = {}
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = event.command.get(event.command_name)
+        self._names[event.request_id] = (event.command_name, str(target))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        name, target = self._names.pop(event.request_id, (event.command_name, ""))
+        self.spent.append((name, target, event.duration_micros / 1e6))
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self._names.pop(event.request_id, None)
+
+
+class _Monitored(LockManager):
+    """The bench's manager, its client reporting command times to ``listener``."""
+
+    listener = _Writes()
+
+    def _client_options(self) -> dict[str, Any]:
+        return {**super()._client_options(), "event_listeners": [self.listener]}
 
 
 def run_fresh(function: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -92,7 +124,7 @@ def refresh_probe(
     from django_mongolock.refresher import Refresher, get_refresher
 
     largest = max(sizes)
-    manager = LockManager(url, database=DATABASE, collection="refresh", ttl=REFRESH_TTL)
+    manager = _Monitored(url, database=DATABASE, collection="refresh", ttl=REFRESH_TTL)
     manager.ensure_indexes()
     raw_client: MongoClient[dict[str, Any]] = MongoClient(url)
     raw = raw_client[DATABASE]["refresh"].with_options(write_concern=WriteConcern(w="majority"))
@@ -133,10 +165,13 @@ def refresh_probe(
             for lock in held:
                 refresher.register(lock)
             own = True
+        _Monitored.listener.spent.clear()
         ours, floor = _time_ticks(refresher.tick, raw, [lock.key for lock in held], ticks)
         if own:
             refresher.stop()
-        per_size[str(size)] = {"ours": ours, "floor": floor}
+        per_size[str(size)] = {"ours": ours, "floor": floor, "writes": _tick_writes(ticks)}
+    # Shared locks and a semaphore's permits beside the exclusive locks: the same tick.
+    mixed = _mixed(manager, raw, locks, ticks, run)
     lost = sum(1 for lock in locks if lock.lost.is_set() or not lock.valid)
     released = time.perf_counter()
     freed = get_refresher().release_all()
@@ -153,6 +188,7 @@ def refresh_probe(
         "lost": lost,
         "release_all_seconds": released,
         "release_all_count": freed,
+        "mixed": mixed,
     }
     if redis_url is not None:
         # One round trip per lock: a few turns say enough.
@@ -183,6 +219,68 @@ def _time_ticks(
         if turn:
             floor.append(spent)
     return ours, floor
+
+
+def _tick_writes(ticks: int) -> dict[str, list[float]]:
+    """Server time per tick of its writes, by collection (lock documents, heartbeats)."""
+    by: dict[str, list[float]] = {}
+    for name, target, spent in _Monitored.listener.spent:
+        by.setdefault(f"{name} {target}", []).append(spent)
+    # The first tick warmed up and is not kept: keep the last ``ticks`` of each.
+    return {what: times[-ticks:] for what, times in by.items()}
+
+
+def _mixed(
+    manager: LockManager,
+    raw: Collection[dict[str, Any]],
+    locks: list[Lock],
+    ticks: int,
+    run: str,
+) -> dict[str, Any]:
+    """Add shared locks and a semaphore's permits; time the process's tick over all of
+    them against raw update_many over the same documents; profile one tick."""
+    from django_mongolock.refresher import get_refresher
+
+    shared_keys = [f"refresh-{run}-shared-{n:04d}" for n in range(SHARED_KEYS)]
+    shared = [manager.acquire(key, shared=True, blocking=False) for key in shared_keys]
+    semaphore = manager.semaphore(f"refresh-{run}-semaphore", limit=PERMITS)
+    permits = [semaphore.acquire(blocking=False) for _ in range(PERMITS)]
+    keys = [lock.key for lock in locks] + shared_keys + [semaphore.key]
+    _Monitored.listener.spent.clear()
+    ours, floor = _time_ticks(get_refresher().tick, raw, keys, ticks)
+    writes = _tick_writes(ticks)
+    database = raw.database
+    database.command("profile", 2)
+    try:
+        get_refresher().tick()
+    finally:
+        database.command("profile", 0)
+    plans = [
+        {
+            "op": entry.get("op"),
+            "collection": entry.get("ns", "").split(".", 1)[-1],
+            "plan": entry.get("planSummary", ""),
+            "keys_examined": entry.get("keysExamined", 0),
+            "docs_examined": entry.get("docsExamined", 0),
+            "matched": entry.get("nMatched", entry.get("nreturned", 0)),
+        }
+        for entry in database["system.profile"].find(
+            {"op": {"$in": ["update", "query", "getmore"]}}
+        )
+    ]
+    database["system.profile"].drop()
+    for lock in shared + permits:
+        lock.release()
+    return {
+        "exclusive": len(locks),
+        "shared": len(shared),
+        "permits": len(permits),
+        "documents": len(keys),
+        "ours": ours,
+        "floor": floor,
+        "writes": writes,
+        "plans": plans,
+    }
 
 
 def _redis_refresh(url: str, sizes: Sequence[int], ticks: int, run: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pymongo import MongoClient
 
 import django_mongolock
 from benchmarks import report
+from benchmarks import scale as scaling
 from benchmarks.contenders import DATABASE, Spec
 from benchmarks.probes import admin_probe, footprint_probe, refresh_probe, run_fresh
 from benchmarks.servers import MongoServer, RedisServer, mongo_server, redis_server
@@ -33,8 +34,11 @@ __all__ = ["WORKLOADS", "Plan", "main"]
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = ROOT / "benchmarks" / "results"
+# The contended shape users run: a few processes blocking on one key, holding it a while.
 PROCESSES: Final = 4
-HOLD: Final = 0.001
+HOLD: Final = 0.005
+# Uncontended acquisitions timed in each handoff round: the unit of the gap's target.
+ALONE_CYCLES: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,9 @@ class Plan:
     refresh_ticks: int
     admin_documents: int
     admin_requests: int
+    scale_keys: tuple[int, ...] = ()
+    scale_processes: tuple[int, ...] = ()
+    scale_seconds: float = 3.0
 
 
 # Many short interleaved rounds rather than a few long ones: a ratio is taken between
@@ -70,6 +77,9 @@ FULL: Final = Plan(
     refresh_ticks=11,
     admin_documents=10000,
     admin_requests=15,
+    scale_keys=(4, 50, 500),
+    scale_processes=(4, 16, 48),
+    scale_seconds=3.0,
 )
 QUICK: Final = Plan(
     mode="quick",
@@ -84,6 +94,9 @@ QUICK: Final = Plan(
     refresh_ticks=3,
     admin_documents=10000,
     admin_requests=5,
+    scale_keys=(4, 100),
+    scale_processes=(4, 12),
+    scale_seconds=1.5,
 )
 
 
@@ -95,6 +108,8 @@ class Bench:
     mongo: MongoServer
     redis: RedisServer | None
     pool: Pool
+    processes: int = PROCESSES
+    hold: float = HOLD
     results: dict[str, Any] = field(default_factory=dict)
 
     def spec(self, label: str, kind: str, collection: str, **options: Any) -> Spec:
@@ -192,6 +207,8 @@ def handoff(bench: Bench) -> dict[str, Any]:
             "rate": [],
             "waits": [],
             "gaps": [],
+            "cross_gaps": [],
+            "alone": [],
             "handoffs": 0,
             "to_other": 0,
             "fewest": [],
@@ -202,15 +219,19 @@ def handoff(bench: Bench) -> dict[str, Any]:
     }
     for number, order in enumerate(_rotations(specs, plan.handoff_rounds), 1):
         for spec in order:
+            row = rows[spec.label]
+            if spec.kind == "ours":
+                # One uncontended acquire, beside the round: what the gap is measured against.
+                alone = bench.pool.run(Job("uncontended", spec, cycles=ALONE_CYCLES, keys=10))
+                row["alone"].extend(alone.workers[0]["acquire"])
             job = Job(
                 "handoff",
                 spec,
-                parties=PROCESSES,
+                parties=bench.processes,
                 duration=plan.handoff_seconds,
-                hold=HOLD,
+                hold=bench.hold,
             )
             done = bench.pool.run(job)
-            row = rows[spec.label]
             turns = sorted(
                 (t1, t2, worker["worker"], t1 - t0)
                 for worker in done.workers
@@ -218,6 +239,9 @@ def handoff(bench: Bench) -> dict[str, Any]:
             )
             row["waits"].extend(wait for _t1, _t2, _w, wait in turns)
             row["gaps"].extend(b[0] - a[1] for a, b in itertools.pairwise(turns))
+            row["cross_gaps"].extend(
+                b[0] - a[1] for a, b in itertools.pairwise(turns) if a[2] != b[2]
+            )
             row["handoffs"] += len(turns) - 1
             row["to_other"] += sum(a[2] != b[2] for a, b in itertools.pairwise(turns))
             counts = [len(worker["records"]) for worker in done.workers]
@@ -233,13 +257,15 @@ def handoff(bench: Bench) -> dict[str, Any]:
         row["rate"] = spread(row["rate"])
         row["wait"] = summary(row["waits"])
         row["gap"] = summary(row["gaps"])
+        row["cross_gap"] = summary(row["cross_gaps"])
+        row["alone"] = summary(row["alone"])
         row["other_share"] = row["to_other"] / row["handoffs"] if row["handoffs"] else math.nan
         row["fewest_share"] = min(row["fewest"])
-        del row["gaps"]
+        del row["gaps"], row["cross_gaps"]
     return {
         "floor": report.FLOOR_POLL_10,
-        "processes": PROCESSES,
-        "hold": HOLD,
+        "processes": bench.processes,
+        "hold": bench.hold,
         "seconds": plan.handoff_seconds,
         "rounds": plan.handoff_rounds,
         "rows": rows,
@@ -340,6 +366,20 @@ def admin(bench: Bench) -> dict[str, Any]:
     return result
 
 
+def scale(bench: Bench) -> dict[str, Any]:
+    plan = bench.plan
+    spec = bench.ours("scale_processes")
+    return scaling.run(
+        bench.mongo.url,
+        spec,
+        plan.scale_keys,
+        plan.scale_processes,
+        plan.scale_seconds,
+        bench.hold,
+        _say,
+    )
+
+
 WORKLOADS: Final[dict[str, Callable[[Bench], dict[str, Any]]]] = {
     "uncontended": uncontended,
     "handoff": handoff,
@@ -347,6 +387,7 @@ WORKLOADS: Final[dict[str, Callable[[Bench], dict[str, Any]]]] = {
     "refresh": refresh,
     "footprint": footprint,
     "admin": admin,
+    "scale": scale,
 }
 
 
@@ -430,6 +471,24 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, help="rounds of the interleaved workloads")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=PROCESSES,
+        help=f"processes blocking on one key in the handoff workload (default {PROCESSES})",
+    )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=HOLD,
+        help=f"seconds each holder keeps the key in handoff and scale (default {HOLD:g})",
+    )
+    parser.add_argument(
+        "--scale-processes",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        metavar="P1,P2,...",
+        help="process counts of the scale workload (default: 4,16,48; quick: 4,12)",
+    )
+    parser.add_argument(
         "--docs",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -453,6 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = replace(
             plan, rounds=args.rounds, handoff_rounds=args.rounds, many_rounds=args.rounds
         )
+    if args.scale_processes:
+        plan = replace(plan, scale_processes=args.scale_processes)
+    if args.processes < 2 or args.hold < 0:
+        raise SystemExit("--processes must be at least 2 and --hold at least 0")
     selected = args.only or list(WORKLOADS)
     selected = [name for name in WORKLOADS if name in selected]
     docs = args.docs if args.docs is not None else (plan.mode == "full" and not args.only)
@@ -468,9 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["redis"] = redis.version if redis is not None else None
         _say(f"MongoDB {mongo.version} ({mongo.topology}); Redis {meta['redis'] or 'skipped'}")
         _prepare(mongo.url)
-        pool = Pool(PROCESSES)
+        pool = Pool(max(PROCESSES, args.processes))
         try:
-            bench = Bench(plan, mongo, redis, pool)
+            bench = Bench(plan, mongo, redis, pool, processes=args.processes, hold=args.hold)
             for name in selected:
                 _say(f"{name}:")
                 began = time.monotonic()

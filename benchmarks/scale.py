@@ -1,0 +1,369 @@
+"""Scale: how a release's wake-up and its cost on the server grow with the waiters.
+
+Two shapes, django-mongolock only (the peers are measured side by side in *handoff*):
+
+* *keys*: one process, ``W`` threads each waiting on a key of its own (``W`` keys) held by
+  another client; the holder releases the keys one by one, and each wake-up is timed
+  from the release call to the waiter's return from ``acquire``.
+* *processes*: ``P`` processes blocking on one key, each holding it ``hold`` and
+  releasing, as in the handoff workload; each wake-up is the gap from one holder's
+  release call to the next holder's return (CLOCK_MONOTONIC is shared by the processes).
+
+For both, the server's operation counters (``serverStatus().opcounters``) over the
+releases give the server operations per release (every write, read, command and getMore
+any process sent, change streams included), and its open cursors while the waiters wait
+tell how many change streams they hold open.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from pymongo import MongoClient
+
+from benchmarks.contenders import DATABASE, TTL, Spec
+from benchmarks.stats import ms, summary
+from benchmarks.workers import Job, Pool
+from django_mongolock import LockManager
+
+__all__ = [
+    "keys_probe",
+    "plot",
+    "processes_point",
+    "render",
+    "run",
+    "server_counters",
+    "targets",
+]
+
+PLOT_NAME: Final = "scale.png"
+# Between two releases of the keys shape: each wake-up is timed on its own.
+SPACING: Final = 0.01
+# Wake-ups timed per size in the keys shape, at least (small sizes repeat).
+KEY_SAMPLES: Final = 200
+WAKE_GOAL: Final = 2.0
+OPS: Final = ("insert", "query", "update", "delete", "getmore", "command")
+
+
+def server_counters(client: MongoClient[dict[str, Any]]) -> dict[str, int]:
+    """The server's operation counters and its open cursors, now."""
+    status = client.admin.command("serverStatus")
+    counters = {name: int(status["opcounters"][name]) for name in OPS}
+    counters["cursors"] = int(status["metrics"]["cursor"]["open"]["total"])
+    return counters
+
+
+def _ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in OPS}
+
+
+@contextmanager
+def _peak_cursors(client: MongoClient[dict[str, Any]]) -> Iterator[list[int]]:
+    """Sample the server's open cursors every 50 ms while the block runs; the samples."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            samples.append(server_counters(client)["cursors"])
+
+    thread = threading.Thread(target=sample, name="bench-cursor-sampler", daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+# -- keys: one process, W waiters on W keys ---------------------------------------------------
+
+
+def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
+    """In a fresh process: ``W`` waiting threads on ``W`` keys, released one by one."""
+    client: MongoClient[dict[str, Any]] = MongoClient(url)
+    idle = server_counters(client)["cursors"]
+    holder = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
+    waiting = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
+    holder.ensure_indexes()
+    points: dict[str, Any] = {}
+    for size in sizes:
+        wakes: list[float] = []
+        ops = dict.fromkeys(OPS, 0)
+        releases = 0
+        cursors: list[int] = []
+        for repeat in range(max(1, math.ceil(KEY_SAMPLES / size))):
+            keys = [f"w{size}-{repeat}-{n}" for n in range(size)]
+            woken, spent, opened = _wake_keys(client, holder, waiting, keys, idle)
+            wakes.extend(woken)
+            for name, count in spent.items():
+                ops[name] += count
+            releases += len(keys)
+            cursors.append(opened)
+        points[str(size)] = {
+            "waiters": size,
+            "wake": summary(wakes),
+            "ops": ops,
+            "ops_per_release": sum(ops.values()) / releases,
+            "cursors": max(cursors),
+        }
+    holder.close()
+    waiting.close()
+    client.close()
+    return {"points": points, "spacing": SPACING}
+
+
+def _wake_keys(
+    client: MongoClient[dict[str, Any]],
+    holder: LockManager,
+    waiting: LockManager,
+    keys: list[str],
+    idle: int,
+) -> tuple[list[float], dict[str, int], int]:
+    """One pass: hold ``keys``, queue a thread on each, release them one by one."""
+    held = [holder.acquire(key, blocking=False) for key in keys]
+    returned: dict[str, float] = {}
+    got: list[Any] = []
+
+    def wait(key: str) -> None:
+        lock = waiting.acquire(key, timeout=120)
+        returned[key] = time.monotonic()
+        got.append(lock)
+
+    threads = [threading.Thread(target=wait, args=(key,), daemon=True) for key in keys]
+    for thread in threads:
+        thread.start()
+    _wait_queued(client, keys, 1)
+    opened = server_counters(client)["cursors"] - idle
+    before = server_counters(client)
+    released: dict[str, float] = {}
+    for key, lock in zip(keys, held, strict=True):
+        released[key] = time.monotonic()
+        lock.release()
+        time.sleep(SPACING)
+    for thread in threads:
+        thread.join(120)
+    after = server_counters(client)
+    for lock in got:
+        lock.release()
+    if len(returned) != len(keys):
+        raise RuntimeError(f"{len(keys) - len(returned)} waiter(s) never returned")
+    return [returned[key] - released[key] for key in keys], _ops(before, after), opened
+
+
+def _wait_queued(client: MongoClient[dict[str, Any]], keys: list[str], each: int) -> None:
+    """Until every key has ``each`` waiters in line (bounded)."""
+    collection = client[DATABASE]["scale_keys"]
+    query = {"_id": {"$in": keys}, f"waiters.{each - 1}": {"$exists": True}}
+    deadline = time.monotonic() + 120
+    while collection.count_documents(query) < len(keys):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the waiters did not all get in line")
+        time.sleep(0.05)
+
+
+# -- processes: P processes on one key --------------------------------------------------------
+
+
+def processes_point(
+    url: str, spec: Spec, parties: int, seconds: float, hold: float
+) -> dict[str, Any]:
+    """``parties`` fresh processes blocking on one key for ``seconds``; wake-ups and costs."""
+    client: MongoClient[dict[str, Any]] = MongoClient(url)
+    before = server_counters(client)["cursors"]
+    pool = Pool(parties)
+    try:
+        # A short round first: every process connected, its watcher running.
+        pool.run(Job("handoff", spec, parties=parties, duration=0.5, hold=hold))
+        idle = server_counters(client)
+        with _peak_cursors(client) as samples:
+            done = pool.run(Job("handoff", spec, parties=parties, duration=seconds, hold=hold))
+        after = server_counters(client)
+    finally:
+        pool.close()
+        client.close()
+    turns = sorted(
+        (t1, t2, worker["worker"])
+        for worker in done.workers
+        for _t0, t1, t2, _t3 in worker["records"]
+    )
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(turns)]
+    ops = _ops(idle, after)
+    counts = [len(worker["records"]) for worker in done.workers]
+    return {
+        "waiters": parties,
+        "wake": summary(gaps),
+        "ops": ops,
+        "ops_per_release": sum(ops.values()) / max(1, len(turns)),
+        "cursors": max(samples, default=idle["cursors"]) - before,
+        "rate": len(turns) / seconds,
+        "to_other": sum(a[2] != b[2] for a, b in itertools.pairwise(turns)) / max(1, len(gaps)),
+        "fewest": min(counts) / (sum(counts) / len(counts)),
+        "lost": len(turns) - done.counted,
+        "overlaps": done.overlaps,
+    }
+
+
+def run(
+    url: str,
+    spec: Spec,
+    keys: Sequence[int],
+    processes: Sequence[int],
+    seconds: float,
+    hold: float,
+    say: Any,
+) -> dict[str, Any]:
+    """Both shapes, each size in turn (the keys shape in a fresh process of its own)."""
+    from benchmarks.probes import run_fresh
+
+    result: dict[str, Any] = {
+        "hold": hold,
+        "seconds": seconds,
+        "cores": len(os.sched_getaffinity(0)),
+        "process_counts": list(processes),
+    }
+    if keys:
+        result["keys"] = run_fresh(keys_probe, url, list(keys))
+        for point in result["keys"]["points"].values():
+            say(f"  {point['waiters']} waiters on as many keys: {_line(point)}")
+    points: dict[str, Any] = {}
+    for parties in processes:
+        points[str(parties)] = point = processes_point(url, spec, parties, seconds, hold)
+        say(f"  {parties} processes on one key: {_line(point)}")
+    result["processes"] = {"points": points}
+    return result
+
+
+def _line(point: dict[str, Any]) -> str:
+    wake = point["wake"]
+    return (
+        f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}, "
+        f"{point['ops_per_release']:.1f} ops per release, {point['cursors']} cursors"
+    )
+
+
+# -- targets, report and plot -----------------------------------------------------------------
+
+
+def targets(data: dict[str, Any]) -> list[tuple[str, str, str, float, bool]]:
+    """(target, goal, figure, ratio, met): wake-up p99 at the most waiters vs 4 waiters."""
+    rows = []
+    for shape, title in (
+        ("keys", "waiters on as many keys"),
+        ("processes", "processes on one key"),
+    ):
+        points = data.get(shape, {}).get("points", {})
+        if len(points) < 2:
+            continue
+        ordered = sorted(points.values(), key=lambda p: p["waiters"])
+        first, last = ordered[0], ordered[-1]
+        value = last["wake"]["p99"] / first["wake"]["p99"]
+        rows.append(
+            (
+                f"scale: {last['waiters']} {title}, wake-up p99",
+                f"≤ {WAKE_GOAL:g}x the {first['waiters']}-waiter case",
+                f"{ms(last['wake']['p99'], 1)} vs {ms(first['wake']['p99'], 1)}",
+                value,
+                value <= WAKE_GOAL,
+            )
+        )
+    return rows
+
+
+def render(data: dict[str, Any], image: str | None) -> list[str]:
+    lines = [
+        "## 8. Scale",
+        "",
+        "django-mongolock alone. *Keys*: one process, one thread waiting on each of W keys "
+        "that another client holds; the keys are released one by one "
+        f"({SPACING * 1000:g} ms apart) and each wake-up runs from the release call to the "
+        "waiter's return from `acquire`. *Processes*: P processes block on one key, "
+        f"holding it {data['hold'] * 1000:g} ms, for {data['seconds']:g} s; a wake-up is "
+        "the gap from a holder's release call to the next holder's return (both on "
+        "CLOCK_MONOTONIC, shared by the processes of one host). *Ops per release*: every "
+        "operation the server counted (`serverStatus().opcounters`: writes, reads, "
+        "commands, change-stream getMores of every process) over the releases, divided by "
+        "them. *Cursors*: the most cursors open on the server while they wait, over its count "
+        "before the waiters' processes and clients started (change streams among them).",
+        "",
+        f"The machine has {data['cores']} cores shared with other work: "
+        f"{max(data['process_counts'], default=0)} processes is as many as it bears here "
+        "without their start-up and scheduling dominating the figures.",
+        "",
+    ]
+    rows = []
+    for shape in ("keys", "processes"):
+        for point in sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters):
+            ops = point["ops"]
+            rows.append(
+                [
+                    shape,
+                    str(point["waiters"]),
+                    ms(point["wake"]["p50"], 2),
+                    ms(point["wake"]["p99"], 2),
+                    f"{point['ops_per_release']:.1f}",
+                    ", ".join(f"{name} {ops[name]}" for name in OPS if ops[name]),
+                    str(point["cursors"]),
+                ]
+            )
+    header = ["shape", "waiters", "wake-up p50", "wake-up p99", "ops per release", "ops", "cursors"]
+    lines += _table(header, rows)
+    if image:
+        lines += [f"![Wake-up and server operations per release against waiters]({image})", ""]
+    return lines
+
+
+def _waiters(point: dict[str, Any]) -> int:
+    return int(point["waiters"])
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return [*lines, ""]
+
+
+def plot(data: dict[str, Any], path: Path) -> bool:
+    """Wake-up p50/p99 and ops per release against waiters, both shapes; False without
+    matplotlib."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    pyplot = importlib.import_module("matplotlib.pyplot")
+    figure, (waits, costs) = pyplot.subplots(1, 2, figsize=(10, 4.2), dpi=110)
+    for shape, colour in (("keys", "tab:blue"), ("processes", "tab:orange")):
+        points = sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters)
+        if not points:
+            continue
+        xs = [p["waiters"] for p in points]
+        label = "W waiters on W keys, 1 process" if shape == "keys" else "P processes, 1 key"
+        for q, style in (("p50", "-o"), ("p99", "--s")):
+            ys = [p["wake"][q] * 1000 for p in points]
+            waits.plot(xs, ys, style, color=colour, label=f"{label}: {q}")
+        costs.plot(xs, [p["ops_per_release"] for p in points], "-o", color=colour, label=label)
+    for axes in (waits, costs):
+        axes.set_xscale("log")
+        axes.set_xlabel("waiters")
+        axes.grid(True, which="both", linewidth=0.3)
+        axes.legend(fontsize="x-small")
+    waits.set_ylabel("wake-up, release call to acquire return (ms)")
+    waits.set_yscale("log")
+    costs.set_ylabel("server operations per release")
+    costs.set_ylim(bottom=0)
+    figure.suptitle("django-mongolock: wake-up and server cost against waiters")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    pyplot.close(figure)
+    return True
