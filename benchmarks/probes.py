@@ -41,6 +41,7 @@ TRACED: Final = 1000
 # the permits of one semaphore, refreshed by the same tick.
 SHARED_KEYS: Final = 900
 PERMITS: Final = 100
+PROFILE_BYTES: Final = 64 * 1024 * 1024
 
 
 class _Writes(monitoring.CommandListener):
@@ -250,6 +251,9 @@ def _mixed(
     ours, floor = _time_ticks(get_refresher().tick, raw, keys, ticks)
     writes = _tick_writes(ticks)
     database = raw.database
+    # Room for the profile of a write that names 10,000 keys (the default is 1 MB).
+    database["system.profile"].drop()
+    database.create_collection("system.profile", capped=True, size=PROFILE_BYTES)
     database.command("profile", 2)
     try:
         get_refresher().tick()

@@ -305,6 +305,8 @@ def _header(meta: dict[str, Any]) -> list[str]:
     engine = f"{meta['django_mongolock']}, commit {meta['commit'] or '?'}"
     if not meta.get("engine_in_tree", True):
         engine = f"{meta['django_mongolock']} imported from {meta['engine_path']}"
+        if meta.get("engine_label"):  # MONGOLOCK_BENCH_ENGINE: what that copy is
+            engine = f"{meta['django_mongolock']}, {meta['engine_label']}"
     rows = [
         ["date", meta["started"]],
         ["command", f"`{meta['command']}` ({meta['mode']} run)"],
@@ -589,7 +591,7 @@ def _admin(data: dict[str, Any]) -> list[str]:
 
 def _safety(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "## 7. Safety while measuring",
+        "## 8. Safety while measuring",
         "",
         "Every critical section marks its key in shared memory (an *overlap* is a second "
         "holder seen inside) and increments a shared counter by read, hold, write (a *lost "

@@ -281,7 +281,7 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, float, bool]]:
 
 def render(data: dict[str, Any], image: str | None) -> list[str]:
     lines = [
-        "## 8. Scale",
+        "## 7. Scale",
         "",
         "django-mongolock alone. *Keys*: one process, one thread waiting on each of W keys "
         "that another client holds; the keys are released one by one "
