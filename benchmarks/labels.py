@@ -1,0 +1,30 @@
+"""The names of the locks under test, as the report and its targets print them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "DOCS_PAGE",
+    "DOCS_PLOT",
+    "FLOOR",
+    "FLOOR_POLL_10",
+    "FLOOR_POLL_100",
+    "FLOOR_TTL",
+    "OURS",
+    "OURS_TRY",
+    "PLOT_NAME",
+    "REDIS",
+]
+
+OURS: Final = "django-mongolock"
+OURS_TRY: Final = "django-mongolock (blocking=False)"
+FLOOR: Final = "floor (raw pymongo)"
+FLOOR_TTL: Final = "floor + TTL index (reference)"
+FLOOR_POLL_10: Final = "floor, polling every 10 ms"
+FLOOR_POLL_100: Final = "floor, polling every 100 ms"
+REDIS: Final = "python-redis-lock"
+
+PLOT_NAME: Final = "handoff-waits.png"
+DOCS_PAGE: Final = "docs/benchmarks.md"
+DOCS_PLOT: Final = "docs/img/handoff-waits.png"
