@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
+from django_mongolock.notices import get_notices
 
 __all__ = [
     "AcquireFinished",
@@ -152,9 +153,10 @@ _failing: set[int] = set()
 def subscribe(observer: Observer) -> Callable[[], None]:
     """Call ``observer(event)`` for every event from now on; returns the unsubscribe call.
 
-    An observer must be quick and must not block: it runs in the thread of the change
-    (the holder's, the refresher's, the deadline watch's). One that raises is logged
-    and skipped; the lock goes on.
+    An observer should be quick: acquisitions and releases are told in the thread of the
+    change (the holder's); losses and refresher ticks on a notice worker, so that an
+    observer that blocks never holds up a refresh or another lock's loss. One that raises
+    is logged and skipped; the lock goes on.
     """
     global _observers
     if not callable(observer):
@@ -186,6 +188,12 @@ def held_count() -> int:
 def waiting_count() -> int:
     """Acquisitions under way in this process (waiting or in flight), while somebody listens."""
     return _waiting
+
+
+def _emit_aside(event: Event) -> None:
+    """Tell the observers on a notice worker: the engine's own threads (the deadline watch,
+    the refresher) emit losses and ticks, and no observer may hold them up."""
+    get_notices().post(functools.partial(_emit, event))
 
 
 def _emit(event: Event) -> None:
@@ -354,7 +362,7 @@ def lost(source: object, lock: Held, detail: str, deadline: float) -> None:
         },
     )
     if _observers:
-        _emit(Lost(source, lock, reason, detail, held_for))
+        _emit_aside(Lost(source, lock, reason, detail, held_for))
 
 
 def _reason(source: object, detail: str, deadline: float) -> Reason:
@@ -392,7 +400,7 @@ def tick(source: object, started: float, lag: float, leases: int, every: float, 
             extra={"lag_seconds": round(lag, 6), "leases": leases, "interval_seconds": every},
         )
     if _observers:
-        _emit(RefresherTick(source, clock.now() - started, max(0.0, lag), leases, every, ok))
+        _emit_aside(RefresherTick(source, clock.now() - started, max(0.0, lag), leases, every, ok))
 
 
 def handoff(source: object, key: str, from_owner: str, to_owner: str, token: int) -> None:

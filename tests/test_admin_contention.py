@@ -19,6 +19,7 @@ import pytest
 from django.test import Client
 
 from django_mongolock import LockManager, events, stats
+from django_mongolock.notices import get_notices
 from django_mongolock.queries import stats as queries
 from django_mongolock.refresher import get_refresher
 from django_mongolock.store.stats import StatsStore
@@ -134,6 +135,7 @@ def test_counts_are_flushed_in_the_refreshers_tick_into_a_ttl_collection(
     kept2 = other.acquire("keeps/the-other-lane-busy", ttl=30)
     try:
         get_refresher().tick()
+        assert get_notices().drain(5.0)  # the flush follows the tick on a notice worker
         assert recorder.pending(other) == 0
         assert recorder.pending(locks) == 0
     finally:

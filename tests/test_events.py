@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_mongolock import LockLost, LockManager, LockNotAcquired, events
+from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events
+from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 
 
@@ -96,6 +97,7 @@ def test_force_release_is_a_loss_with_its_reason(
     assert other.force_release("ev-forced") is not None
     with caplog.at_level(logging.WARNING, "django_mongolock.lock"), pytest.raises(LockLost):
         lock.refresh()
+    assert get_notices().drain(5.0)  # losses are told on a notice worker
     (loss,) = _of(seen, events.Lost)
     assert isinstance(loss, events.Lost)
     assert loss.reason == "force-released"
@@ -121,6 +123,7 @@ def test_lapsed_lease_is_expired(manager: LockManager, seen: list[events.Event])
 def test_refresher_tick_is_told(manager: LockManager, seen: list[events.Event]) -> None:
     lock = manager.acquire("ev-tick", ttl=10)
     get_refresher().tick()
+    assert get_notices().drain(5.0)  # ticks are told on a notice worker
     ticks = [e for e in _of(seen, events.RefresherTick) if isinstance(e, events.RefresherTick)]
     assert ticks
     assert ticks[-1].source is manager
@@ -163,6 +166,7 @@ def test_a_closed_manager_loses_with_refresh_failed(
     closing.close()
     get_refresher().tick()  # the lane finds its manager closed
     assert lock.lost.is_set()
+    assert get_notices().drain(5.0)
     (loss,) = _of(seen, events.Lost)
     assert isinstance(loss, events.Lost)
     assert loss.reason == "refresh-failed"
@@ -182,3 +186,49 @@ def test_a_lease_that_lapses_while_the_server_is_unreachable(
     (loss,) = _of(seen, events.Lost)
     assert isinstance(loss, events.Lost)
     assert loss.reason == "server-unreachable"
+
+
+def test_an_observer_that_blocks_on_ticks_holds_up_no_refresh(manager: LockManager) -> None:
+    """Ticks are told on a notice worker: the lane goes on refreshing meanwhile."""
+    release = threading.Event()
+
+    def stuck(event: events.Event) -> None:
+        if isinstance(event, events.RefresherTick):
+            release.wait(10)
+
+    unsubscribe = events.subscribe(stuck)
+    try:
+        lock = manager.acquire("ev-stuck-tick", ttl=1.5)
+        assert not lock.lost.wait(3.0)  # two leases long: kept alive by the lane
+        assert lock.valid
+        lock.release()
+    finally:
+        release.set()
+        unsubscribe()
+
+
+def test_an_observer_that_blocks_on_a_loss_holds_up_no_other_loss(
+    manager: LockManager,
+) -> None:
+    """Losses are told on a notice worker: the deadline watch marks the next lease lost on
+    time while an observer of the first loss is stuck."""
+    release = threading.Event()
+    stuck_in: list[str] = []
+
+    def stuck(event: events.Event) -> None:
+        if isinstance(event, events.Lost):
+            stuck_in.append(event.lock.key)
+            release.wait(10)
+
+    unsubscribe = events.subscribe(stuck)
+    try:
+        first = manager.acquire("ev-stuck-a", ttl=0.5, refresh=False)
+        second = manager.acquire("ev-stuck-b", ttl=1.5, refresh=False)
+        assert first.lost.wait(5)
+        deadline = second.deadline
+        assert second.lost.wait(5)
+        assert clock.now() - deadline < 0.5  # by its own deadline, not after the observer
+        assert stuck_in[:1] == ["ev-stuck-a"]
+    finally:
+        release.set()
+        unsubscribe()

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from django_mongolock import LockLost, LockManager, LockNotAcquired
 from django_mongolock.contrib import prometheus
 from django_mongolock.contrib.prometheus import LockMetrics
+from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 
 
@@ -73,11 +74,13 @@ def test_losses_by_reason_and_refresher_histograms(
 ) -> None:
     lock = manager.acquire("m-lost", ttl=30)
     get_refresher().tick()
+    assert get_notices().drain(5.0)  # ticks and losses are told on a notice worker
     assert value(registry, "mongolock_refresh_tick_seconds_count") >= 1
     assert value(registry, "mongolock_refresh_lag_seconds_count") >= 1
     other.force_release("m-lost")
     with pytest.raises(LockLost):
         lock.refresh()
+    assert get_notices().drain(5.0)
     assert value(registry, "mongolock_losses_total", reason="force-released") == 1
     assert value(registry, "mongolock_held_locks") == 0
 

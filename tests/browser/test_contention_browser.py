@@ -21,6 +21,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from django_mongolock import LockManager, stats
+from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 from tests.browser import test_admin_browser as base
 
@@ -99,6 +100,7 @@ def test_contention_view_and_key_history(
             assert time.monotonic() < deadline, "the waiters never got in line"
             time.sleep(0.05)
         get_refresher().tick()  # flushes the holder's acquisition into the statistics
+        assert get_notices().drain(5.0)  # (on a notice worker, after the tick)
 
         base.log_in(page, live_server)
         page.goto(f"{live_server.url}/admin/django_mongolock/lock/")
