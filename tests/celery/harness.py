@@ -119,6 +119,11 @@ def client_app(jobs: Jobs) -> Iterator[Celery]:
     try:
         yield app
     finally:
+        # The MongoDB result backend keeps a client of its own, which app.close() leaves
+        # open (it would be closed by the garbage collector, during some later test).
+        client = getattr(app.backend, "_connection", None)
+        if client is not None:
+            client.close()
         app.close()
 
 
