@@ -167,7 +167,9 @@ def test_contention_view_and_key_history(
         assert first.locator("th").inner_text() == "orders/sync"
         plain.locator(".mongolock-minutes summary").click()
         minutes = plain.locator(".mongolock-minute-table tbody tr")
-        assert minutes.count() == 60
+        # The hour seeded above, less its oldest minute if a minute has begun since: the
+        # window is the hour up to the page's own minute.
+        assert minutes.count() in (59, 60)
         assert minutes.first.locator("td").first.inner_text().isdigit()
     finally:
         context.close()
