@@ -217,7 +217,12 @@ class Rpc:
 
     def wait_lost(self, name: str, timeout: float) -> dict[str, Any]:
         lock = self.locks[name]
+        deadline = now() + timeout
         lost = lock.lost.wait(timeout)
+        # The flag comes first; on_lost, which notes the time, runs just after on a notice
+        # worker: wait for it too, within the same bound.
+        while lost and name not in self.lost_at and now() < deadline:
+            time.sleep(0.005)
         return {"lost": lost, "at": self.lost_at.get(name), "now": now(), **_view(lock)}
 
     def hold(self, name: str, seconds: float, every: float = 0.05) -> dict[str, Any]:
