@@ -143,7 +143,8 @@ def get(url: str) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=60) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+        with error:  # an error response holds its connection until closed
+            return error.code, error.read().decode()
 
 
 def test_gunicorn_with_preload(jobs: Jobs, manager: LockManager) -> None:
