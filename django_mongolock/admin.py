@@ -28,8 +28,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from django.views.generic import RedirectView
 
-from django_mongolock import stats
-from django_mongolock.conf import get_manager
+from django_mongolock.conf import apply_stats_setting, get_manager
 from django_mongolock.contention import contention_context, key_context
 from django_mongolock.dashboard import (
     ListParams,
@@ -57,8 +56,9 @@ __all__ = ["LockAdmin"]
 logger = logging.getLogger("django_mongolock.admin")
 
 # The contention view counts what this process's locks see: record it in every process
-# that loads the admin (workers included, through admin autodiscovery). No I/O, no thread.
-stats.install()
+# that loads the admin (workers included, through admin autodiscovery), unless
+# MONGOLOCK['STATS'] is False. No I/O, no thread.
+apply_stats_setting()
 
 _MISSING: Final = gettext_noop(
     "The lock “%(key)s” does not exist: it was released, or purged after it expired."

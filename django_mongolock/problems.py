@@ -40,6 +40,7 @@ __all__ = [
     "SERVER_SELECTION_TIMEOUT_INVALID",
     "SERVER_STANDALONE",
     "SERVER_UNUSABLE",
+    "STATS_INVALID",
     "TTL_INVALID",
     "UNKNOWN_KEY",
     "URL_INVALID",
@@ -61,6 +62,7 @@ SERVER_SELECTION_TIMEOUT_INVALID: Final = "E009"
 CREDENTIAL_INVALID: Final = "E012"  # USERNAME or PASSWORD
 CREDENTIALS_CONFLICT: Final = "E013"  # given twice, or a password without a user
 AUDIT_RETENTION_INVALID: Final = "E014"
+STATS_INVALID: Final = "E015"
 PASSWORD_SHOWN: Final = "W003"  # a password in a URL that Django shows
 # -- the server (checked with ``check --database``) -----------------------------------------
 SERVER_UNUSABLE: Final = "E010"
@@ -142,6 +144,7 @@ VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "USERNAME": (CREDENTIAL_INVALID, _check_optional_text),
     "PASSWORD": (CREDENTIAL_INVALID, _check_optional_text),
     "AUDIT_RETENTION": (AUDIT_RETENTION_INVALID, _check_audit_retention),
+    "STATS": (STATS_INVALID, _check_refresh),
 }
 """Each setting's check id and value check."""
 

@@ -3,9 +3,11 @@ added to ``<collection>.stats`` in the refresher's tick (no thread of its own).
 
 The recorder listens to the lock events (acquire attempts, releases, losses, handoffs)
 and keeps plain counters in memory, at most ``MAX_BUFFERED`` keys between two flushes
-(later keys are counted under the summed-up "other keys"). Each tick of a manager's
-refresher lane adds that manager's counts in one bulk write, bounded in time so that the
-next refresh is never held up; a failed write drops those counts (they are statistics,
+(later keys are counted under the summed-up "other keys", and minutes older than the
+collection's retention are dropped, so a manager that never ticks stays small). Each
+manager writes at most ``MAX_KEYS`` keys per minute, however often it flushes. Each tick
+of a manager's refresher lane adds that manager's counts in one bulk write, bounded in time
+so that the next refresh is never held up; a failed write drops those counts (they are statistics,
 not records) and is logged once. The admin's contention view reads them back.
 """
 
@@ -19,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 import pymongo
@@ -74,6 +76,10 @@ class _Pending:
     buckets: dict[tuple[str, datetime], queries.Bucket]
 
 
+# Counts older than this are dropped unwritten: the TTL index would purge them at once.
+_KEPT: Final = timedelta(seconds=queries.STATS_RETENTION)
+
+
 class Recorder:
     """Counters per source (a manager), key and minute, until the source's next flush."""
 
@@ -82,6 +88,10 @@ class Recorder:
         self._mutex = threading.Lock()
         # Weak: the counts of a manager that is dropped before its next tick go with it.
         self._pending: weakref.WeakKeyDictionary[Hashable, _Pending] = weakref.WeakKeyDictionary()
+        # The keys each source has written per minute: a minute's MAX_KEYS hold across flushes.
+        self._written: weakref.WeakKeyDictionary[Hashable, dict[datetime, set[str]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._failing = False
         self.flushes = 0
 
@@ -96,6 +106,8 @@ class Recorder:
             if len(pending.buckets) >= self.max_buffered:
                 key = queries.OTHER_KEYS
                 bucket = pending.buckets.get((key, minute))
+                if bucket is None:  # a new minute past the cap: forget what is too old to keep
+                    _drop_before(pending.buckets, minute - _KEPT)
             if bucket is None:
                 bucket = pending.buckets[(key, minute)] = queries.Bucket()
         return bucket
@@ -197,30 +209,21 @@ class Recorder:
         bucket.events = [*bucket.events, event][-queries.EVENTS_KEEP :]
 
     def take(self, source: Hashable) -> dict[tuple[str, datetime], queries.Bucket]:
-        """The counts of ``source`` since its last flush, cut to the busiest ``MAX_KEYS``
-        keys per minute (the others summed up under "other keys"); the buffer is emptied."""
+        """The counts of ``source`` since its last flush, at most ``MAX_KEYS`` keys per
+        minute (the others summed up under "other keys"); the buffer is emptied.
+
+        A minute's keys count across flushes: the keys it already wrote stay, and new ones
+        fill the room left, the busiest first, so that a manager that flushes six times a
+        minute still writes at most ``MAX_KEYS`` documents for it.
+        """
         with self._mutex:
             pending = self._pending.pop(source, None)
-        if pending is None:
-            return {}
-        buckets = pending.buckets
-        keys = {key for key, _ in buckets}
-        if len(keys) <= queries.MAX_KEYS:
-            return buckets
-        weight: dict[str, int] = {}
-        for (key, _), bucket in buckets.items():
-            weight[key] = weight.get(key, 0) + bucket.weight
-        kept = set(sorted(keys, key=lambda k: (-weight[k], k))[: queries.MAX_KEYS])
-        kept.discard(queries.OTHER_KEYS)
-        out: dict[tuple[str, datetime], queries.Bucket] = {}
-        for (key, minute), bucket in buckets.items():
-            if key in kept:
-                out[(key, minute)] = bucket
-                continue
-            other = out.setdefault((queries.OTHER_KEYS, minute), queries.Bucket())
-            bucket.events = []  # only the kept keys' events are worth their space
-            other.merge(bucket)
-        return out
+            if pending is None:
+                return {}
+            written = self._written.get(source)
+            if written is None:
+                written = self._written[source] = {}
+            return _cut(pending.buckets, written)
 
     def sources(self) -> list[Hashable]:
         """The sources with counts waiting for a flush."""
@@ -231,6 +234,7 @@ class Recorder:
         """Drop every count not flushed yet (a forked child starts with none)."""
         with self._mutex:
             self._pending.clear()
+            self._written.clear()
 
     def pending(self, source: Hashable) -> int:
         """How many (key, minute) counters wait for ``source``'s next flush."""
@@ -258,6 +262,48 @@ class Recorder:
         self._failing = False
         self.flushes += 1
         return len(buckets)
+
+
+def _drop_before(buckets: dict[tuple[str, datetime], queries.Bucket], oldest: datetime) -> None:
+    for found in [k for k in buckets if k[1] < oldest]:
+        del buckets[found]
+
+
+def _cut(
+    buckets: dict[tuple[str, datetime], queries.Bucket], written: dict[datetime, set[str]]
+) -> dict[tuple[str, datetime], queries.Bucket]:
+    """``buckets`` with at most ``MAX_KEYS`` keys per minute, counting the keys ``written``
+    before in that minute (updated here); the rest merged into the minute's other keys."""
+    by_minute: dict[datetime, list[str]] = {}
+    for key, minute in buckets:
+        if key != queries.OTHER_KEYS:
+            by_minute.setdefault(minute, []).append(key)
+    out: dict[tuple[str, datetime], queries.Bucket] = {}
+    for minute, keys in by_minute.items():
+        before = written.setdefault(minute, set())
+        fresh = sorted(
+            (k for k in keys if k not in before),
+            key=lambda k: (-buckets[(k, minute)].weight, k),
+        )
+        room = max(0, queries.MAX_KEYS - len(before))
+        before.update(fresh[:room])
+        for key in keys:
+            bucket = buckets[(key, minute)]
+            if key in before:
+                out[(key, minute)] = bucket
+                continue
+            other = out.setdefault((queries.OTHER_KEYS, minute), queries.Bucket())
+            bucket.events = []  # only the kept keys' events are worth their space
+            other.merge(bucket)
+    for (key, minute), bucket in buckets.items():
+        if key == queries.OTHER_KEYS:
+            bucket.events = []
+            out.setdefault((key, minute), queries.Bucket()).merge(bucket)
+    if written:
+        newest = max(written)
+        for minute in [m for m in written if m < newest - _KEPT]:
+            del written[minute]
+    return out
 
 
 _recorder: Recorder | None = None

@@ -102,6 +102,51 @@ def test_the_recorder_keeps_the_busiest_keys_and_sums_up_the_rest() -> None:
     assert cut[(queries.OTHER_KEYS, minute)].counts["acquired"] == 30
 
 
+def test_a_minute_writes_at_most_max_keys_across_flushes() -> None:
+    recorder = stats.Recorder()
+    source = LockManager.__new__(LockManager)
+    at = 1_000_000.0
+    minute = queries.bucket_of(at)
+    first = [f"a{i}" for i in range(60)]
+    for key in first:
+        recorder.acquire(source, key, "acquired", at=at)
+    assert len(recorder.take(source)) == 60  # room for all of them
+    # The same minute, a later flush: 60 new keys and 5 already written.
+    second = [f"b{i}" for i in range(60)]
+    for key in second:
+        recorder.acquire(source, key, "acquired", at=at)
+    recorder.acquire(source, "b7", "busy", at=at)  # the busiest new key gets a place
+    for key in first[:5]:
+        recorder.acquire(source, key, "acquired", at=at)
+    cut = recorder.take(source)
+    kept = {key for key, _ in cut} - {queries.OTHER_KEYS}
+    assert set(first[:5]) <= kept  # their documents exist already: no new one
+    assert "b7" in kept
+    assert len(kept - set(first)) == queries.MAX_KEYS - 60
+    assert cut[(queries.OTHER_KEYS, minute)].counts["acquired"] == 60 - (queries.MAX_KEYS - 60)
+    # The next minute starts with all its room.
+    for key in second:
+        recorder.acquire(source, key, "acquired", at=at + 60)
+    assert len(recorder.take(source)) == 60
+
+
+def test_a_recorder_that_never_flushes_stays_bounded() -> None:
+    recorder = stats.Recorder(max_buffered=10)
+    source = LockManager.__new__(LockManager)
+    at = 1_000_000.0
+    for i in range(10):
+        recorder.acquire(source, f"k{i}", "acquired", at=at)
+    minutes = 3 * queries.STATS_RETENTION // queries.BUCKET_SECONDS
+    for m in range(1, minutes):  # a new key each minute for six hours, no tick
+        recorder.acquire(source, f"late{m}", "acquired", at=at + 60 * m)
+    # The first keys are older than the collection keeps: gone; one "other keys" a minute.
+    kept = queries.STATS_RETENTION // queries.BUCKET_SECONDS + 1
+    assert recorder.pending(source) == kept
+    taken = recorder.take(source)
+    assert {key for key, _ in taken} == {queries.OTHER_KEYS}
+    assert min(minute for _, minute in taken) >= queries.bucket_of(at + 60 * (minutes - kept))
+
+
 # -- recorded by real locks -------------------------------------------------------------------
 
 

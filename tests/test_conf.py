@@ -24,6 +24,7 @@ from django_mongolock import (
     conf,
     locked,
     locks,
+    stats,
 )
 from django_mongolock.checks import check_server, check_settings
 from django_mongolock.refresher import get_refresher
@@ -95,6 +96,7 @@ def test_default_manager_works(mongolock_settings: dict[str, Any]) -> None:
         ({"REFRESH": "yes"}, ["mongolock.E007"]),
         ({"OWNER": 3}, ["mongolock.E008"]),
         ({"SERVER_SELECTION_TIMEOUT": 0}, ["mongolock.E009"]),
+        ({"STATS": "no"}, ["mongolock.E015"]),
         (
             {"TTL": 0, "RETENTION": 1.5, "URLS": "x"},
             ["mongolock.E002", "mongolock.E005", "mongolock.E006"],
@@ -112,6 +114,22 @@ def test_invalid_settings_are_reported(
     assert all(m.hint for m in messages)
     with pytest.raises(ConfigurationError, match="invalid MONGOLOCK settings"):
         conf.get_manager()
+
+
+def test_stats_false_stops_recording_and_true_starts_again(
+    mongolock_settings: dict[str, Any],
+) -> None:
+    assert stats.installed()  # the admin is loaded: every such process records
+    manager = conf.get_manager()
+    with override_settings(MONGOLOCK={**mongolock_settings, "STATS": False}):
+        assert not stats.installed()
+        off = conf.get_manager()
+        off.acquire("stats-off", ttl=5).release()
+        assert stats.get_recorder().pending(off) == 0
+    assert stats.installed()
+    manager = conf.get_manager()
+    manager.acquire("stats-on", ttl=5).release()
+    assert stats.get_recorder().pending(manager) == 1
 
 
 def test_unknown_key_suggests_the_right_one(settings: SettingsWrapper) -> None:

@@ -80,7 +80,7 @@ def test_timeout_is_an_error_span_with_its_wait(
     (span,) = failed
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes is not None
-    assert span.attributes["error.type"] == "LockNotAcquired"
+    assert span.attributes["error.type"] == "django_mongolock.exceptions.LockNotAcquired"
     assert span.start_time is not None
     assert span.end_time is not None
     assert span.end_time - span.start_time >= 200_000_000

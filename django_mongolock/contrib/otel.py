@@ -26,6 +26,14 @@ __all__ = ["LockTracing", "install", "uninstall"]
 FAILED = frozenset({"timeout", "error", "cancelled"})
 
 
+def _type_name(cls: type) -> str:
+    """The class's fully qualified name, as the semantic conventions ask of ``error.type``
+    (a builtin's plain name: ``TimeoutError``)."""
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class LockTracing:
     """The observer that turns lock events into spans; ``close()`` unsubscribes it."""
 
@@ -58,7 +66,7 @@ class LockTracing:
         if event.token is not None:
             attributes["mongolock.token"] = event.token
         if event.error is not None and event.outcome in FAILED:
-            attributes["error.type"] = type(event.error).__qualname__
+            attributes["error.type"] = _type_name(type(event.error))
         span = self.tracer.start_span(
             "mongolock.acquire",
             kind=SpanKind.INTERNAL,
