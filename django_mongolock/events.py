@@ -146,8 +146,10 @@ _mutex = threading.Lock()
 # When each handle seen acquired was taken (clock.now()), while somebody listens.
 _since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _waiting = 0
-# Sources whose last refresher tick could not reach the server.
+# Sources whose last refresher tick could not reach the server, and those whose refresh
+# write is waiting for an answer: a lease that ends meanwhile ended for want of a server.
 _failing: set[int] = set()
+_refreshing: set[int] = set()
 
 
 def subscribe(observer: Observer) -> Callable[[], None]:
@@ -371,7 +373,8 @@ def _reason(source: object, detail: str, deadline: float) -> Reason:
     if detail == _CLOSED:
         return "refresh-failed"
     if detail == _LAPSED or clock.now() >= deadline:
-        return "server-unreachable" if id(source) in _failing else "expired"
+        unanswered = id(source) in _failing or id(source) in _refreshing
+        return "server-unreachable" if unanswered else "expired"
     return "force-released"
 
 
@@ -382,6 +385,22 @@ def _held_for(lock: Held) -> float | None:
 
 
 # -- the refresher and handoffs -----------------------------------------------------------------
+
+
+def refresh_sent(source: object) -> None:
+    """A lane sent its refresh write: until ``refresh_answered``, a lease of ``source`` that
+    ends is lost for want of an answer (its deadline watch may fire before the write's
+    own timeout is reported)."""
+    _refreshing.add(id(source))
+
+
+def refresh_answered(source: object, ok: bool) -> None:
+    """The lane's refresh write returned (``ok``) or failed to reach the server."""
+    if ok:
+        _failing.discard(id(source))
+    else:
+        _failing.add(id(source))
+    _refreshing.discard(id(source))
 
 
 def tick(source: object, started: float, lag: float, leases: int, every: float, ok: bool) -> None:

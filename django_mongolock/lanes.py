@@ -301,6 +301,8 @@ class Lane:
             MIN_WRITE_TIME,
             min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, interval(shortest))),
         )
+        events.refresh_sent(self.manager)
+        answered = False
         try:
             with pymongo.timeout(budget):
                 gone = store.refresh_many(
@@ -308,12 +310,15 @@ class Lane:
                 ) | store.refresh_shared_many(
                     [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
                 )
+            answered = True
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             if not self._unreachable:
                 logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
             self._unreachable = True
             # The deadline watch announces the losses on time; try again soon.
             return clock.now() + min(RETRY_INTERVAL, interval(shortest))
+        finally:
+            events.refresh_answered(self.manager, answered)
         if self._unreachable:
             logger.warning("refreshing locks again")
             self._unreachable = False
