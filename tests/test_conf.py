@@ -129,7 +129,7 @@ def test_stats_false_stops_recording_and_true_starts_again(
     assert stats.installed()
     manager = conf.get_manager()
     manager.acquire("stats-on", ttl=5).release()
-    assert stats.get_recorder().pending(manager) == 1
+    assert stats.get_recorder().pending(manager) >= 1  # two when a minute began meanwhile
 
 
 def test_unknown_key_suggests_the_right_one(settings: SettingsWrapper) -> None:
