@@ -137,6 +137,8 @@ def render(
         lines += sections.admin(results["admin"])
     if "scale" in results:
         lines += scale.render(results["scale"], scale_plot)
+    if "instrumentation" in results:
+        lines += sections.instrumentation(results["instrumentation"])
     unsafe = safety(results)
     if unsafe:
         lines += sections.safety_table(unsafe)
