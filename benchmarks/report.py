@@ -90,11 +90,13 @@ def render(
         "same run, against the same servers, in interleaved rounds. "
         "[Where the time goes](performance.md) explains the figures.",
         "",
-        "Reproduce with `make bench` (the full run, about seven minutes; it rewrites this "
+        "Reproduce with `make bench` (the full run, about ten minutes; it rewrites this "
         "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
         "`--only NAME` for one workload. The suite needs the `bench` extra "
         "(`pip install -e '.[bench]'`) and, for python-redis-lock, a `redis-server` on "
         "`PATH`; it starts its own single-node replica set unless `MONGOLOCK_URL` names one. "
+        "The instrumentation workload measures the `prometheus` extra and "
+        "`opentelemetry-sdk` where they are installed. "
         "Reports and JSON go to `benchmarks/results/`.",
         "",
         "!!! note",
@@ -137,6 +139,8 @@ def render(
         lines += sections.admin(results["admin"])
     if "scale" in results:
         lines += scale.render(results["scale"], scale_plot)
+    if "instrumentation" in results:
+        lines += sections.instrumentation(results["instrumentation"])
     unsafe = safety(results)
     if unsafe:
         lines += sections.safety_table(unsafe)
