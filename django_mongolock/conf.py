@@ -353,12 +353,19 @@ def reset() -> None:
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "MONGOLOCK":
         reset()
-        apply_stats_setting()
+        if _stats_applied:  # only where the admin turned the statistics on
+            apply_stats_setting()
+
+
+_stats_applied = False
 
 
 def apply_stats_setting() -> None:
     """Record this process's contention statistics, or stop, as ``MONGOLOCK['STATS']`` says
-    (a value that is not a bool is left to the check, ``mongolock.E015``)."""
+    (a value that is not a bool is left to the check, ``mongolock.E015``). The admin
+    calls it when it is loaded; from then on a change of the setting applies again."""
+    global _stats_applied
+    _stats_applied = True
     wanted = get_settings().stats
     if wanted is True and not stats.installed():
         stats.install()

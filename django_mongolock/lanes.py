@@ -301,7 +301,7 @@ class Lane:
             MIN_WRITE_TIME,
             min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, interval(shortest))),
         )
-        events.refresh_sent(self.manager)
+        events.refresh_sent(self.manager, sent_at, locks)
         answered = False
         try:
             with pymongo.timeout(budget):

@@ -129,7 +129,7 @@ _check_retention = _refused(validate_retention, "must be a whole number of secon
 _check_audit_retention = _refused(
     _optional(validate_retention), "must be None or a whole number of seconds >= 0"
 )
-_check_refresh = _refused(functools.partial(validate_flag, "the value"), "must be True or False")
+_check_flag = _refused(functools.partial(validate_flag, "the value"), "must be True or False")
 
 
 VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
@@ -138,13 +138,13 @@ VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "COLLECTION": (NAME_INVALID, _check_name),
     "TTL": (TTL_INVALID, _check_ttl),
     "RETENTION": (RETENTION_INVALID, _check_retention),
-    "REFRESH": (REFRESH_INVALID, _check_refresh),
+    "REFRESH": (REFRESH_INVALID, _check_flag),
     "OWNER": (OWNER_INVALID, _check_optional_text),
     "SERVER_SELECTION_TIMEOUT": (SERVER_SELECTION_TIMEOUT_INVALID, _check_ttl),
     "USERNAME": (CREDENTIAL_INVALID, _check_optional_text),
     "PASSWORD": (CREDENTIAL_INVALID, _check_optional_text),
     "AUDIT_RETENTION": (AUDIT_RETENTION_INVALID, _check_audit_retention),
-    "STATS": (STATS_INVALID, _check_refresh),
+    "STATS": (STATS_INVALID, _check_flag),
 }
 """Each setting's check id and value check."""
 

@@ -3,7 +3,7 @@ added to ``<collection>.stats`` in the refresher's tick (no thread of its own).
 
 The recorder listens to the lock events (acquire attempts, releases, losses, handoffs)
 and keeps plain counters in memory, at most ``MAX_BUFFERED`` keys between two flushes
-(later keys are counted under the summed-up "other keys", and minutes older than the
+(later keys are counted under the summed-up "other keys", and then minutes older than the
 collection's retention are dropped, so a manager that never ticks stays small). Each
 manager writes at most ``MAX_KEYS`` keys per minute, however often it flushes. Each tick
 of a manager's refresher lane adds that manager's counts in one bulk write, bounded in time
@@ -76,7 +76,8 @@ class _Pending:
     buckets: dict[tuple[str, datetime], queries.Bucket]
 
 
-# Counts older than this are dropped unwritten: the TTL index would purge them at once.
+# Past MAX_BUFFERED, counts older than this are dropped unwritten: the TTL index would
+# purge them at once.
 _KEPT: Final = timedelta(seconds=queries.STATS_RETENTION)
 
 
@@ -214,7 +215,8 @@ class Recorder:
 
         A minute's keys count across flushes: the keys it already wrote stay, and new ones
         fill the room left, the busiest first, so that a manager that flushes six times a
-        minute still writes at most ``MAX_KEYS`` documents for it.
+        minute still writes at most ``MAX_KEYS`` keys' documents for it (and its "other
+        keys" and total). A key counts once taken, even if that flush's write then fails.
         """
         with self._mutex:
             pending = self._pending.pop(source, None)

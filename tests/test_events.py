@@ -232,3 +232,25 @@ def test_an_observer_that_blocks_on_a_loss_holds_up_no_other_loss(
     finally:
         release.set()
         unsubscribe()
+
+
+def test_only_a_lease_in_an_unanswered_refresh_sent_before_its_end_lacked_a_server() -> None:
+    """A loss reads "server-unreachable" for a lease whose refresh, sent before its end,
+    had no answer yet; another lease of the same manager (one taken with refresh=False)
+    or a refresh sent after the end (a stalled lane) leave it "expired"."""
+    source = LockManager.__new__(LockManager)  # weakly referenceable; no I/O here
+    waited, other = object(), object()
+    now = clock.now()
+    events.refresh_sent(source, now - 1.0, [waited])
+    try:
+        assert events._reason(source, waited, events._LAPSED, now) == "server-unreachable"
+        assert events._reason(source, other, events._LAPSED, now) == "expired"
+        assert events._reason(source, waited, events._LAPSED, now - 2.0) == "expired"
+    finally:
+        events.refresh_answered(source, ok=True)
+    assert events._reason(source, waited, events._LAPSED, now) == "expired"
+    events.refresh_answered(source, ok=False)  # the server could not be reached
+    try:
+        assert events._reason(source, other, events._LAPSED, now) == "server-unreachable"
+    finally:
+        events.refresh_answered(source, ok=True)

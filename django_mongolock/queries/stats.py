@@ -3,8 +3,8 @@
 Each process counts what its acquirers and holders saw (acquisitions, waits, refusals,
 losses, handoffs) and adds them, once per refresher tick, to one document per key and
 minute: ``$inc`` merges the counts of every process. A TTL index on the minute (``at``)
-purges a document ``STATS_RETENTION`` seconds after it, and each flush writes at most
-``MAX_KEYS`` keys (the rest are added up under ``OTHER_KEYS``), so the collection stays
+purges a document ``STATS_RETENTION`` seconds after it, and each manager writes at most
+``MAX_KEYS`` keys a minute (the rest are added up under ``OTHER_KEYS``), so the collection stays
 small whatever the number of keys. Minutes are the recording process's clock: unlike
 lease ends, nothing here decides who holds a lock.
 """
@@ -52,8 +52,8 @@ STATS_KEY_INDEX: Final = "stats_key_at"
 # What the busiest keys are chosen by, so that the choice reads the index alone.
 STATS_BUSY_INDEX: Final = "stats_busy"
 BUSY_FIELDS: Final = ("at", "key", "score", "acquired")
-# At most this many keys per flush of a process: the busiest; the others are summed up
-# under OTHER_KEYS (an empty key, which no lock can have).
+# At most this many keys per manager and minute, across its flushes; the others are summed
+# up under OTHER_KEYS (an empty key, which no lock can have).
 MAX_KEYS: Final = 100
 OTHER_KEYS: Final = ""
 # The notable events (losses, handoffs, timeouts) kept per key and minute, newest last.

@@ -67,9 +67,13 @@ def test_a_holder_cut_off_from_the_server_loses_with_server_unreachable(
         assert not lock.lost.is_set()
         proxy.set_mode("drop")
         assert lock.lost.wait(TTL + 5), "the holder never learnt of its loss"
-        # The lost flag comes first; the event follows on a notice worker.
+        # The lost flag comes first; the event follows on a notice worker, to one observer
+        # after the other (the metrics' among them).
         deadline = time.monotonic() + 5
-        while not (found := [e for e in seen if e.lock is lock]) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+            (found := [e for e in seen if e.lock is lock])
+            and registry.get_sample_value("mongolock_losses_total", {"reason": found[0].reason})
+        ):
             time.sleep(0.02)
         (loss,) = found
         assert loss.reason == "server-unreachable", loss
