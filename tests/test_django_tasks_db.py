@@ -50,11 +50,11 @@ _T = TypeVar("_T")
 
 
 def wait_until(what: str, probe: Callable[[], _T | None], timeout: float = RESULT_TIMEOUT) -> _T:
-    """Poll ``probe`` until it returns something other than None or False; bounded."""
+    """Poll ``probe`` until it returns something true (not None, False or empty); bounded."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
-        if value is not None and value is not False:
+        if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
@@ -132,11 +132,16 @@ class Driver:
     def final(self, result_id: str, timeout: float = RESULT_TIMEOUT) -> dict[str, Any]:
         """The result once it is SUCCESSFUL or FAILED (bounded)."""
 
-        def done() -> dict[str, Any] | None:
-            result = self.result(result_id)
-            return result if result["status"] in FINAL else None
+        last: dict[str, Any] = {}
 
-        return wait_until(f"task {result_id} to finish", done, timeout)
+        def done() -> dict[str, Any] | None:
+            last.update(self.result(result_id))
+            return last if last["status"] in FINAL else None
+
+        try:
+            return wait_until(f"task {result_id} to finish", done, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last state: {last}") from None
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -159,7 +164,7 @@ def start_worker(setup: Setup, name: str) -> tuple[subprocess.Popen[bytes], Path
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "django", "db_worker"),
-                *("--interval", "0.1", "--no-startup-delay", "--worker-id", name),
+                *("--interval", "0.1", "--no-startup-delay", "--worker-id", name, "-v", "2"),
             ],
             cwd=ROOT,
             env=setup.env(),
@@ -349,10 +354,19 @@ def test_wait_runs_once_the_holder_releases(
 
 
 def test_two_workers_never_run_one_key_at_once(
-    workers: dict[str, Path], driver: Driver, mongo: Database[dict[str, Any]]
+    workers: dict[str, Path], driver: Driver, holder: LockManager, mongo: Database[dict[str, Any]]
 ) -> None:
     n = uuid.uuid4().hex[:8]
-    sent = [driver.enqueue("job_in_turn", n=n, seconds=0.3) for _ in range(8)]
+    # Held until both workers wait in line for the key: then they contend for certain.
+    held = holder.acquire(f"job-{n}", ttl=60, blocking=False)
+    try:
+        sent = [driver.enqueue("job_in_turn", n=n, seconds=0.3) for _ in range(8)]
+        wait_until(
+            "both workers to wait in line for the key",
+            lambda: (info := holder.status(f"job-{n}")) is not None and info.waiting == 2,
+        )
+    finally:
+        held.release()
     deadline = time.monotonic() + 120
     results = [driver.final(result_id, max(deadline - time.monotonic(), 1.0)) for result_id in sent]
 
