@@ -258,7 +258,7 @@ def run_worker(config: dict[str, Any], out: Output) -> int:
                 continue
             acquired = {"event": "acquired", "token": lock.token, "sent": sent, "done": now()}
             out.emit({**acquired, "deadline": lock.deadline})
-            lost = lock.lost.wait(rng.uniform(0.3, config["hold"]))
+            lost = lock.lost.wait(rng.uniform(config.get("hold_min", 0.3), config["hold"]))
             sent = now()
             released: dict[str, Any] = {"event": "released", "token": lock.token, "lost": lost}
             try:
