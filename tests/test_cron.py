@@ -24,11 +24,16 @@ from django_mongolock import BUSY_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = 8
-# Sleep until the shared instant, then become the command (no new process: the same pid).
+# Sleep until the shared instant, note the time it woke, then become the command (no new
+# process: the same pid).
 LAUNCH = (
     "import os, sys, time; time.sleep(max(0.0, float(sys.argv[1]) - time.time())); "
+    "f = open(os.environ['CRON_STARTS'], 'a'); f.write(f'{time.time()!r}\\n'); f.close(); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
 )
+# The burst's processes all start within this (cron on eight hosts with synchronised clocks;
+# here, the wake-ups of eight sleeping launchers, generous for a loaded machine).
+SPREAD = 0.5
 
 
 @pytest.fixture
@@ -38,8 +43,9 @@ def runs(mongolock_url: str, mongolock_database: str) -> Iterator[Any]:
     client.close()
 
 
-def burst(command: str, url: str, database: str) -> list[subprocess.Popen[str]]:
+def burst(command: str, url: str, database: str, starts: Path) -> list[subprocess.Popen[str]]:
     env = {
+        "CRON_STARTS": str(starts),
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "DJANGO_SETTINGS_MODULE": "tests.cron_settings",
@@ -57,11 +63,11 @@ def burst(command: str, url: str, database: str) -> list[subprocess.Popen[str]]:
 
 
 def run_burst(
-    command: str, url: str, database: str, runs: Any
+    command: str, url: str, database: str, runs: Any, starts: Path
 ) -> tuple[dict[str, Any], tuple[int, str, str], list[tuple[int, str, str]]]:
     """Start the burst, let the run end once the others are done; (run, holder, others)."""
     runs.insert_one({"_id": "hold"})
-    processes = burst(command, url, database)
+    processes = burst(command, url, database, starts)
     try:
         ends = time.monotonic() + 90
         while sum(process.poll() is not None for process in processes) < HOSTS - 1:
@@ -83,13 +89,18 @@ def run_burst(
     holder = (codes[run["pid"]], *results[run["pid"]])
     others = [(codes[pid], *results[pid]) for pid in codes if pid != run["pid"]]
     assert runs.count_documents({"job": command}) == 1  # and nobody ran after it
+    woke = [float(line) for line in starts.read_text().split()]
+    assert len(woke) == HOSTS
+    assert max(woke) - min(woke) <= SPREAD, f"the burst spread over {max(woke) - min(woke):.3f}s"
     return run, holder, others
 
 
 def test_a_burst_runs_once_and_the_others_exit_75_in_one_line(
-    mongolock_url: str, mongolock_database: str, runs: Any
+    mongolock_url: str, mongolock_database: str, runs: Any, tmp_path: Path
 ) -> None:
-    run, holder, others = run_burst("cron_report", mongolock_url, mongolock_database, runs)
+    run, holder, others = run_burst(
+        "cron_report", mongolock_url, mongolock_database, runs, tmp_path / "starts"
+    )
     assert holder == (0, "", "")
     assert len(others) == HOSTS - 1
     owner = re.compile(rf"[^\s:]+:{run['pid']}:[0-9a-f]+")
@@ -102,9 +113,11 @@ def test_a_burst_runs_once_and_the_others_exit_75_in_one_line(
 
 
 def test_a_burst_with_skip_runs_once_and_the_others_exit_0_in_one_line(
-    mongolock_url: str, mongolock_database: str, runs: Any
+    mongolock_url: str, mongolock_database: str, runs: Any, tmp_path: Path
 ) -> None:
-    run, holder, others = run_burst("cron_report_skip", mongolock_url, mongolock_database, runs)
+    run, holder, others = run_burst(
+        "cron_report_skip", mongolock_url, mongolock_database, runs, tmp_path / "starts"
+    )
     assert holder == (0, "", "")
     owner = re.compile(rf"[^\s:]+:{run['pid']}:[0-9a-f]+")
     for code, out, err in others:
