@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
 from django_mongolock.notices import get_notices
+from django_mongolock.reasons import answered, unanswered
 
 __all__ = [
     "AcquireFinished",
@@ -147,14 +147,6 @@ _mutex = threading.Lock()
 # When each handle seen acquired was taken (clock.now()), while somebody listens.
 _since: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _waiting = 0
-# Sources (managers) whose last refresher tick could not reach the server; and, for each
-# whose refresh write waits for an answer, when it was sent and the leases in it: a lease
-# in it that ends meanwhile ended for want of an answer. Weak, so that a closed manager's
-# state cannot pass to a new one.
-_failing: weakref.WeakSet[Any] = weakref.WeakSet()
-_refreshing: weakref.WeakKeyDictionary[Any, tuple[float, Sequence[object]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def subscribe(observer: Observer) -> Callable[[], None]:
@@ -380,21 +372,8 @@ def _reason(source: object, lock: object, detail: str, deadline: float) -> Reaso
     if detail == _CLOSED:
         return "refresh-failed"
     if detail == _LAPSED or clock.now() >= deadline:
-        return "server-unreachable" if _unanswered(source, lock, deadline) else "expired"
+        return "server-unreachable" if unanswered(source, lock, deadline) else "expired"
     return "force-released"
-
-
-def _unanswered(source: object, lock: object, deadline: float) -> bool:
-    try:
-        if source in _failing:
-            return True
-        pending = _refreshing.get(source)
-    except TypeError:  # not weakly referenceable: no refresher lane sends for it
-        return False
-    if pending is None:
-        return False
-    sent_at, leases = pending
-    return sent_at < deadline and any(lease is lock for lease in leases)
 
 
 def _held_for(lock: Held) -> float | None:
@@ -406,29 +385,10 @@ def _held_for(lock: Held) -> float | None:
 # -- the refresher and handoffs -----------------------------------------------------------------
 
 
-def refresh_sent(source: object, sent_at: float, leases: Sequence[object]) -> None:
-    """A lane sent its refresh write for ``leases`` at ``sent_at``: until
-    ``refresh_answered``, one of them that ends after ``sent_at`` is lost for want of an
-    answer (its deadline watch may fire before the write's own timeout is reported)."""
-    _refreshing[source] = (sent_at, leases)
-
-
-def refresh_answered(source: object, ok: bool) -> None:
-    """The lane's refresh write returned (``ok``) or failed to reach the server."""
-    if ok:
-        _failing.discard(source)
-    else:
-        _failing.add(source)
-    _refreshing.pop(source, None)
-
-
 def tick(source: object, started: float, lag: float, leases: int, every: float, ok: bool) -> None:
     """A lane's tick ended: log one that started more than half an interval late (its
     leases last three intervals: half of one late is the first sign of a stalled lane)."""
-    if ok:
-        _failing.discard(source)
-    else:
-        _failing.add(source)
+    answered(source, ok)
     if lag > every / 2:
         tick_logger.warning(
             "the lock refresher is %.3fs behind its schedule (%d lease(s), every %.3fs)",
@@ -445,11 +405,3 @@ def handoff(source: object, key: str, from_owner: str, to_owner: str, token: int
     """A holder handed its lock to the next waiter in line."""
     if _observers:
         _emit(Handoff(source, key, from_owner, to_owner, token))
-
-
-def _forget_in_child() -> None:
-    _failing.clear()
-    _refreshing.clear()  # the parent's lanes do not run in a child
-
-
-os.register_at_fork(after_in_child=_forget_in_child)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import pymongo
 
-from django_mongolock import clock, events
+from django_mongolock import clock, events, reasons
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import process_of
 from django_mongolock.store import LockStore
@@ -301,7 +301,7 @@ class Lane:
             MIN_WRITE_TIME,
             min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, interval(shortest))),
         )
-        events.refresh_sent(self.manager, sent_at, locks)
+        reasons.sent(self.manager, sent_at, locks)
         answered = False
         try:
             with pymongo.timeout(budget):
@@ -318,7 +318,7 @@ class Lane:
             # The deadline watch announces the losses on time; try again soon.
             return clock.now() + min(RETRY_INTERVAL, interval(shortest))
         finally:
-            events.refresh_answered(self.manager, answered)
+            reasons.answered(self.manager, answered)
         if self._unreachable:
             logger.warning("refreshing locks again")
             self._unreachable = False

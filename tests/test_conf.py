@@ -132,6 +132,21 @@ def test_stats_false_stops_recording_and_true_starts_again(
     assert stats.get_recorder().pending(manager) >= 1  # two when a minute began meanwhile
 
 
+def test_a_setting_change_records_nothing_where_the_admin_did_not(
+    mongolock_settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that never loaded the admin (a program, a test run without it) records
+    nothing because ``MONGOLOCK`` changed; only the admin turns the statistics on."""
+    stats.uninstall()
+    monkeypatch.setattr(conf, "_stats_applied", False)
+    try:
+        with override_settings(MONGOLOCK={**mongolock_settings, "STATS": True}):
+            assert not stats.installed()
+        assert not stats.installed()
+    finally:
+        stats.install()  # as the admin, loaded in this process, left it
+
+
 def test_unknown_key_suggests_the_right_one(settings: SettingsWrapper) -> None:
     settings.MONGOLOCK = {"TTTL": 5}
     (message,) = check_settings()

@@ -100,6 +100,7 @@ class Driver:
             start_new_session=True,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
+        self.broken: str | None = None
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -109,12 +110,15 @@ class Driver:
         self._lines.put(None)
 
     def ask(self, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        # A late answer would be read as the next request's: after a timeout, no more.
+        assert self.broken is None, f"the driver is out of step since {self.broken}"
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
+            self.broken = f"it did not answer {request} in {timeout}s"
             raise AssertionError(f"the driver did not answer {request} in {timeout}s") from None
         if line is None:
             raise AssertionError(f"the driver ended ({self.process.wait(timeout=STOP_TIMEOUT)})")
@@ -373,6 +377,7 @@ def test_two_workers_never_run_one_key_at_once(
     assert [result["status"] for result in results] == ["SUCCESSFUL"] * 8, results
     done = runs_of(mongo, f"job-{n}")
     assert len(done) == 8
+    assert all(run["token"] == run["server_token"] for run in done), done
     for earlier, later in itertools.pairwise(done):
         assert "end" in earlier, earlier
         assert earlier["end"] <= later["start"], f"runs overlapped: {earlier} {later}"
@@ -403,4 +408,5 @@ def test_coalesce_runs_once_more_for_the_busy_enqueues(
     once, more = runs_of(mongo, key)  # exactly one more run, for the three requests
     assert once["token"] < more["token"] == result["return_value"]
     assert once["pid"] == more["pid"]  # the holder's call ran it
+    assert all(run["token"] == run["server_token"] for run in (once, more))
     assert not Requests(holder).pending(key)

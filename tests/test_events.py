@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events
+from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events, reasons
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 
@@ -241,16 +241,16 @@ def test_only_a_lease_in_an_unanswered_refresh_sent_before_its_end_lacked_a_serv
     source = LockManager.__new__(LockManager)  # weakly referenceable; no I/O here
     waited, other = object(), object()
     now = clock.now()
-    events.refresh_sent(source, now - 1.0, [waited])
+    reasons.sent(source, now - 1.0, [waited])
     try:
         assert events._reason(source, waited, events._LAPSED, now) == "server-unreachable"
         assert events._reason(source, other, events._LAPSED, now) == "expired"
         assert events._reason(source, waited, events._LAPSED, now - 2.0) == "expired"
     finally:
-        events.refresh_answered(source, ok=True)
+        reasons.answered(source, ok=True)
     assert events._reason(source, waited, events._LAPSED, now) == "expired"
-    events.refresh_answered(source, ok=False)  # the server could not be reached
+    reasons.answered(source, ok=False)  # the server could not be reached
     try:
         assert events._reason(source, other, events._LAPSED, now) == "server-unreachable"
     finally:
-        events.refresh_answered(source, ok=True)
+        reasons.answered(source, ok=True)
