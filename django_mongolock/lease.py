@@ -104,7 +104,8 @@ class LeaseState:
             return False
         now = clock.now()
         if now >= self._deadline:
-            self.lapse(now)
+            if self.lapse(now):
+                self.announce_lapse()
             return False
         return True
 
@@ -123,7 +124,8 @@ class LeaseState:
             now = clock.now()
             if now < self._deadline:
                 return
-            self.lapse(now)
+            if self.lapse(now):
+                self.announce_lapse()
             reason = self._loss or LAPSED
         raise LockLost(self.key, self.owner, self.token, reason)
 
@@ -202,15 +204,15 @@ class LeaseState:
         """Released or lost: the deadline watch and the refresher can forget it."""
         return self._released or self._lost
 
-    def lapse(self, now: float) -> None:
-        """Mark the lock lost if ``now`` is past its deadline; notices go to a worker.
-
-        Called by the deadline watch (and ``valid``): it sets the flag and the event at
-        once and never runs user code in the caller's thread.
-        """
+    def lapse(self, now: float) -> bool:
+        """Mark the lock lost if ``now`` is past its deadline: the flag, the event and the
+        loss hooks, never user code. True when this call marked it; its notices then go
+        out through ``announce_lapse()``, which the deadline watch calls once it has
+        marked every lease due at that moment, so that the last of ten thousand is not
+        marked late behind the others' notices."""
         with self._mutex:
             if self._lost or self._released or now < self._deadline:
-                return
+                return False
             self._lost = True
             self._loss = LAPSED
             event = self._lost_event
@@ -218,6 +220,10 @@ class LeaseState:
         if event is not None:
             event.set()
         self._run_hooks(hooks)
+        return True
+
+    def announce_lapse(self) -> None:
+        """The notices of a lapse that ``lapse()`` marked (on workers, never here)."""
         self._post_notices(LAPSED)
 
     def _run_hooks(self, hooks: list[Callable[[], object]] | None) -> None:
