@@ -3,7 +3,8 @@
 Broker and result backend are MongoDB databases of the test's replica set, given in
 ``CELERY_BROKER_URL`` and ``CELERY_RESULT_BACKEND``. With ``MONGOLOCK_PARENT_KEY`` set, the
 worker's main process takes that lock before it forks its pool: the children must not
-inherit its client or refresher, nor release it.
+inherit its client or refresher, nor release it. ``CELERY_WORKER_LOST_WAIT`` sets Celery's
+``worker_lost_wait`` (10 s by default).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ app.conf.update(
     task_track_started=True,
     task_serializer="json",
     result_serializer="json",
+    # How long the worker waits for the result of a pool process that died before it
+    # declares the task lost (and, for reject_on_worker_lost, hands it back to the broker).
+    worker_lost_wait=float(os.environ.get("CELERY_WORKER_LOST_WAIT", "10")),
 )
 
 _held: list[Lock] = []

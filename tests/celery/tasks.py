@@ -180,3 +180,48 @@ def stoppable(self: Task[Any, Any], name: str, seconds: float) -> str:
     time.sleep(seconds)
     runs().update_one({"_id": run_id.inserted_id}, {"$set": {"slept": True}})
     return "finished"
+
+
+REDELIVERY_TTL = 3.0
+
+
+def hold_while_flagged(flag: str) -> None:
+    """Block while the test keeps ``flag`` (bounded: a stuck test must not hang the worker)."""
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while database()["flags"].find_one({"_id": flag}) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flag {flag!r} was not removed within {GATE_TIMEOUT}s")
+        time.sleep(0.05)
+
+
+@typed_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=30)
+@locked("redelivery-{name}", ttl=REDELIVERY_TTL, on_busy="retry")
+def redelivered(self: Task[Any, Any], name: str, flag: str) -> Any:
+    """A task the broker delivers again if its pool process dies: acknowledged only when it
+    ends. Each run records itself (pid, token, start, end), then holds while ``flag``
+    exists; a copy that finds the key busy is retried after the holder's lease."""
+    lock = current_lock()
+    assert lock is not None, "the task body runs without a current lock"
+    run_id = (
+        runs()
+        .insert_one(
+            {
+                "task": self.name,
+                "task_id": self.request.id,
+                "hostname": self.request.hostname,
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "key": lock.key,
+                "owner": lock.owner,
+                "token": lock.token,
+                "retries": self.request.retries,
+                "start": time.time(),
+            }
+        )
+        .inserted_id
+    )
+    hold_while_flagged(flag)
+    lock.check()  # raises LockLost if the lease was not kept alive in this process
+    ended = time.time()
+    runs().update_one({"_id": run_id}, {"$set": {"end": ended}})
+    return {"key": lock.key, "token": lock.token, "pid": os.getpid(), "end": ended}
