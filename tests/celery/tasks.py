@@ -182,7 +182,7 @@ def stoppable(self: Task[Any, Any], name: str, seconds: float) -> str:
     return "finished"
 
 
-REDELIVERY_TTL = 3.0
+REDELIVERY_TTL = 6.0
 
 
 def hold_while_flagged(flag: str) -> None:

@@ -1,7 +1,7 @@
 """A task delivered again after its pool process was killed, on two real prefork workers.
 
 The task acknowledges late (``acks_late=True``) and is handed back to the broker when its
-pool process dies (``reject_on_worker_lost=True``); its lock has a 3 s lease and
+pool process dies (``reject_on_worker_lost=True``); its lock has a 6 s lease and
 ``on_busy="retry"``. Its first run is killed with SIGKILL while it holds the lock. Celery
 hands the task back once ``worker_lost_wait`` has passed: a copy that comes while the dead
 holder's lease lives is retried after that lease; a copy that comes later takes the lock at
@@ -29,7 +29,7 @@ from tests.celery.harness import FORK_WARNING, Jobs, Worker, results, wait_until
 pytestmark = pytest.mark.timeout(180)
 
 TASK = "tests.celery.tasks.redelivered"
-LEASE = 3.0  # the task's ttl (tasks.REDELIVERY_TTL; that module needs a worker's environment)
+LEASE = 6.0  # the task's ttl (tasks.REDELIVERY_TTL; that module needs a worker's environment)
 SIGKILL_LOST = "WorkerLostError('Worker exited prematurely: signal 9 (SIGKILL)"
 
 
@@ -116,7 +116,8 @@ def kill_the_first_run(jobs: Jobs, pair: list[Worker], app: Celery, manager: Loc
     states: set[str] = set()
 
     def second_run() -> dict[str, Any] | None:
-        seen.append((time.time(), manager.status(key)))
+        info = manager.status(key)
+        seen.append((time.time(), info))  # the time after the answer: the state is older
         states.add(sent.state)
         found = runs_of(jobs, key)
         return found[1] if len(found) > 1 else None
