@@ -198,4 +198,6 @@ def test_a_copy_delivered_after_the_dead_holders_lease_takes_the_lock_at_once(
     assert killed.second["retries"] == 0, killed.second
     expired = [info for at, info in killed.seen if at > killed.lease_end + 0.1]
     assert expired, killed.seen
-    assert all(info is None or not info.live for info in expired), killed.seen
+    # After its lease, the dead holder never shows live (the copy may hold the key by then).
+    dead = killed.first["token"]
+    assert all(info is None or info.token != dead or not info.live for info in expired)
