@@ -13,6 +13,8 @@ import pytest
 from pymongo import MongoClient
 
 from django_mongolock import LockManager
+from django_mongolock.notices import get_notices
+from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import find_mongod, free_port
 
 
@@ -31,16 +33,18 @@ def other(mongolock_url: str, manager: LockManager) -> Iterator[LockManager]:
 
 
 @pytest.fixture
-def lock_events() -> Iterator[list[tuple[str, Any]]]:
-    """Every lock signal sent during the test, as (signal name, lock)."""
-    from django_mongolock.notices import get_notices
-    from django_mongolock.refresher import get_refresher
-    from django_mongolock.signals import lock_acquired, lock_lost, lock_released
-
-    # Locks an earlier test left to a closed manager are told lost at the next tick:
-    # let that tick come now, before this test listens.
+def no_leftovers() -> None:
+    """Locks an earlier test left to a closed manager are told lost at the next refresher
+    tick: let that tick come now, before this test starts listening."""
     get_refresher().tick()
     assert get_notices().drain(5.0)
+
+
+@pytest.fixture
+def lock_events(no_leftovers: None) -> Iterator[list[tuple[str, Any]]]:
+    """Every lock signal sent during the test, as (signal name, lock)."""
+    from django_mongolock.signals import lock_acquired, lock_lost, lock_released
+
     seen: list[tuple[str, Any]] = []
     receivers = {}
     for name, signal in (

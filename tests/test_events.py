@@ -15,11 +15,7 @@ from django_mongolock.refresher import get_refresher
 
 
 @pytest.fixture
-def seen() -> Iterator[list[events.Event]]:
-    # Locks an earlier test left to a closed manager are told lost at the next tick:
-    # let that tick come now, before this test listens.
-    get_refresher().tick()
-    assert get_notices().drain(5.0)
+def seen(no_leftovers: None) -> Iterator[list[events.Event]]:
     got: list[events.Event] = []
     unsubscribe = events.subscribe(got.append)
     yield got

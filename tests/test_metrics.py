@@ -16,7 +16,7 @@ from django_mongolock.refresher import get_refresher
 
 
 @pytest.fixture
-def registry() -> Iterator[CollectorRegistry]:
+def registry(no_leftovers: None) -> Iterator[CollectorRegistry]:
     registry = CollectorRegistry()
     metrics = LockMetrics(registry)
     yield registry
