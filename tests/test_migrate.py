@@ -13,7 +13,9 @@ from django_mongolock.queries import (
     KEY_INDEX,
     PROCESS_TTL_INDEX,
     TTL_INDEX,
+    plan_locks,
 )
+from django_mongolock.queries.indexes import SHARDED_KEY_DESC
 from tests.utils import run_command
 
 
@@ -142,3 +144,16 @@ def test_audit_retention_is_checked(
     assert "AUDIT_RETENTION" in err
     problems = {problem.id: problem.msg for problem in conf.settings_problems()}
     assert "MONGOLOCK['AUDIT_RETENTION'] must be None or a whole number" in problems["E014"]
+
+
+def test_a_sharded_collection_needs_no_unique_index_on_key() -> None:
+    """Sharded on ``_id`` (see docs/scaling.md), a unique index on ``key`` would be refused
+    by the cluster; ``_id`` is the key and stays unique. The TTL index is still planned."""
+    plan = plan_locks(600, {}, sharded=True)
+    assert [(a.name, a.action) for a in plan] == [(KEY_INDEX, "unchanged"), (TTL_INDEX, "missing")]
+    assert plan[0].description == SHARDED_KEY_DESC
+    # A key index made before the collection was sharded is left as it is.
+    kept = plan_locks(600, {KEY_INDEX: {"key": [("key", 1)], "unique": True}}, sharded=True)
+    assert kept[0].description == "unique index on key"
+    # On a replica set the index is wanted.
+    assert plan_locks(600, {})[0].action == "missing"

@@ -74,7 +74,8 @@ class OperatorQueries(StoreBase):
 
     def check_indexes(self, retention: int) -> list[IndexAction]:
         """Compare the indexes with what ``ensure_indexes`` would make; nothing is changed."""
-        return queries.plan_locks(retention, self._index_information(self.collection))
+        existing = self._index_information(self.collection)
+        return queries.plan_locks(retention, existing, sharded=self.server_kind() == "sharded")
 
     def ensure_indexes(self, retention: int) -> list[IndexAction]:
         """Create the unique key index and the TTL index, or bring the TTL in line; idempotent."""
