@@ -32,8 +32,9 @@ TTL_INDEX: Final = "expires_at_ttl"
 PROCESS_TTL_INDEX: Final = "alive_until_ttl"
 AUDIT_TTL_INDEX: Final = "at_ttl"
 AUDIT_KEY_INDEX: Final = "key_at"
-# What stands for the unique key index on a sharded cluster: the _id index, the shard key's.
-SHARDED_KEY_DESC: Final = "unique key: _id, the shard key (no index on key when sharded)"
+# What stands for the unique key index through mongos: the _id index (the shard key's once
+# the collection is sharded as docs/scaling.md says).
+SHARDED_KEY_DESC: Final = "unique key: _id (no index on key through mongos)"
 
 
 @dataclass(frozen=True, slots=True)

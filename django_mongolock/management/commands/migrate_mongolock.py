@@ -53,7 +53,7 @@ class Command(BaseCommand):
         try:
             manager = conf.get_manager()  # invalid settings: a message, not a traceback
             kind = manager.server_kind()
-            plan = manager.check_indexes() if check else manager.ensure_indexes()
+            plan = manager.check_indexes(kind=kind) if check else manager.ensure_indexes(kind=kind)
         except MongoLockError as exc:
             raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         base = f"{manager.database}.{manager.collection}"
