@@ -41,10 +41,12 @@ def _wait_for_loss(seen: list[events.Event], lock: object) -> None:
 
 
 def test_acquire_and_release_are_told(manager: LockManager, seen: list[events.Event]) -> None:
+    # Locks of earlier tests that are still alive count as held: compare with them.
+    held, waiting = events.held_count(), events.waiting_count()
     lock = manager.acquire("ev-job", ttl=10)
-    assert events.held_count() == 1
+    assert events.held_count() == held + 1
     assert lock.release()
-    acquired, released = seen[0], seen[1]
+    acquired, released = [e for e in seen if not isinstance(e, events.RefresherTick)][:2]
     assert isinstance(acquired, events.AcquireFinished)
     assert (acquired.key, acquired.owner, acquired.token, acquired.outcome) == (
         "ev-job",
@@ -60,8 +62,8 @@ def test_acquire_and_release_are_told(manager: LockManager, seen: list[events.Ev
     assert released.held
     assert released.held_for is not None
     assert released.held_for >= 0
-    assert events.held_count() == 0
-    assert events.waiting_count() == 0
+    assert events.held_count() == held
+    assert events.waiting_count() == waiting
 
 
 def test_busy_and_timeout_outcomes(
@@ -99,6 +101,7 @@ def test_force_release_is_a_loss_with_its_reason(
     seen: list[events.Event],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    held = events.held_count()  # locks of earlier tests still alive count as held
     lock = manager.acquire("ev-forced", ttl=30)
     assert other.force_release("ev-forced") is not None
     with caplog.at_level(logging.WARNING, "django_mongolock.lock"), pytest.raises(LockLost):
@@ -109,12 +112,15 @@ def test_force_release_is_a_loss_with_its_reason(
     assert loss.reason == "force-released"
     assert loss.lock is lock
     assert loss.held_for is not None
-    (record,) = [r for r in caplog.records if r.name == "django_mongolock.lock"]
-    assert record.__dict__["key"] == "ev-forced"
+    (record,) = [
+        r
+        for r in caplog.records
+        if r.name == "django_mongolock.lock" and r.__dict__.get("key") == "ev-forced"
+    ]
     assert record.__dict__["token"] == lock.token
     assert record.__dict__["reason"] == "force-released"
     assert not lock.release()
-    assert events.held_count() == 0
+    assert events.held_count() == held
 
 
 def test_lapsed_lease_is_expired(manager: LockManager, seen: list[events.Event]) -> None:
@@ -214,7 +220,7 @@ def test_an_observer_that_blocks_on_ticks_holds_up_no_refresh(manager: LockManag
 
 
 def test_an_observer_that_blocks_on_a_loss_holds_up_no_other_loss(
-    manager: LockManager,
+    manager: LockManager, no_leftovers: None
 ) -> None:
     """Losses are told on a notice worker: the deadline watch marks the next lease lost on
     time while an observer of the first loss is stuck."""
@@ -222,7 +228,7 @@ def test_an_observer_that_blocks_on_a_loss_holds_up_no_other_loss(
     stuck_in: list[str] = []
 
     def stuck(event: events.Event) -> None:
-        if isinstance(event, events.Lost):
+        if isinstance(event, events.Lost) and event.lock.key.startswith("ev-stuck-"):
             stuck_in.append(event.lock.key)
             release.wait(10)
 
