@@ -14,14 +14,19 @@ def _fields(record: logging.LogRecord, *names: str) -> dict[str, object]:
     return {name: record.__dict__[name] for name in names}
 
 
-def _ours(records: list[logging.LogRecord], key: str) -> list[logging.LogRecord]:
-    """The package's records but those of other keys and of the refresher lanes, which
-    any lane of the process (another test's included) may write meanwhile."""
+def _ours(
+    records: list[logging.LogRecord], manager: LockManager, key: str
+) -> list[logging.LogRecord]:
+    """The package's records but those of other keys and of other managers' refresher
+    lanes, which any lane of the process (another test's included) may write meanwhile."""
+    own_lane = f"mongolock-refresher-{id(manager):x}"
     return [
         r
         for r in records
         if r.name.startswith("django_mongolock")
-        and r.name != "django_mongolock.refresher"
+        and not (
+            (r.threadName or "").startswith("mongolock-refresher-") and r.threadName != own_lane
+        )
         and r.__dict__.get("key", key) == key
     ]
 
@@ -32,7 +37,7 @@ def test_uncontended_acquire_logs_nothing_at_info(
     with caplog.at_level(logging.INFO, "django_mongolock"):
         for _ in range(3):
             manager.acquire("log-free", ttl=10).release()
-    assert [r.getMessage() for r in _ours(caplog.records, "log-free")] == []
+    assert [r.getMessage() for r in _ours(caplog.records, manager, "log-free")] == []
 
 
 def test_acquired_after_waiting(
@@ -63,7 +68,7 @@ def test_lost_and_force_released(
     other.force_release("log-lost", reason="stuck job")
     with caplog.at_level(logging.INFO, "django_mongolock"), pytest.raises(LockLost):
         lock.refresh()
-    (record,) = [r for r in _ours(caplog.records, "log-lost") if "lost" in r.getMessage()]
+    (record,) = [r for r in _ours(caplog.records, manager, "log-lost") if "lost" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert _fields(record, "key", "owner", "token", "reason") == {
         "key": "log-lost",
@@ -97,8 +102,9 @@ def test_refresher_behind_schedule(manager: LockManager, caplog: pytest.LogCaptu
         events.tick(manager, clock.now(), 0.2, 1, 0.6, ok=True)  # within half an interval
     # A real lane that runs late meanwhile reports its own lag, not these.
     behind = [r for r in caplog.records if "behind" in r.getMessage()]
-    assert [r for r in behind if r.__dict__["lag_seconds"] == 0.2] == []
-    (record,) = [r for r in behind if r.__dict__["lag_seconds"] == 0.4]
+    told = [r for r in behind if r.__dict__["interval_seconds"] == pytest.approx(0.6)]
+    assert [r for r in told if r.__dict__["lag_seconds"] == 0.2] == []
+    (record,) = [r for r in told if r.__dict__["lag_seconds"] == 0.4]
     assert record.levelno == logging.WARNING
     assert record.__dict__["lag_seconds"] == 0.4
     assert record.__dict__["leases"] == 1

@@ -16,7 +16,8 @@ from django_mongolock.refresher import get_refresher
 
 
 @pytest.fixture
-def registry(no_leftovers: None) -> Iterator[CollectorRegistry]:
+def registry(only_listener: None) -> Iterator[CollectorRegistry]:
+    # only_listener: the held-locks gauge counts the locks taken during the test only.
     registry = CollectorRegistry()
     metrics = LockMetrics(registry)
     yield registry
@@ -31,10 +32,9 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 def test_acquisitions_by_outcome(
     manager: LockManager, other: LockManager, registry: CollectorRegistry
 ) -> None:
-    held = value(registry, "mongolock_held_locks")  # earlier tests' locks still alive
     waiting = value(registry, "mongolock_waiting_acquisitions")
     lock = manager.acquire("m-job", ttl=10)
-    assert value(registry, "mongolock_held_locks") == held + 1
+    assert value(registry, "mongolock_held_locks") == 1
     with pytest.raises(LockNotAcquired):
         other.acquire("m-job", blocking=False)
     with pytest.raises(LockNotAcquired):
@@ -48,14 +48,13 @@ def test_acquisitions_by_outcome(
     assert value(registry, "mongolock_acquire_wait_seconds_count", outcome="timeout") == 1
     assert value(registry, "mongolock_acquire_wait_seconds_sum", outcome="timeout") >= 0.1
     assert value(registry, "mongolock_hold_seconds_count") == 1
-    assert value(registry, "mongolock_held_locks") == held
+    assert value(registry, "mongolock_held_locks") == 0
     assert value(registry, "mongolock_waiting_acquisitions") == waiting
 
 
 def test_waiting_gauge_counts_a_blocked_acquire(
     manager: LockManager, other: LockManager, registry: CollectorRegistry
 ) -> None:
-    held = value(registry, "mongolock_held_locks")  # earlier tests' locks still alive
     waiting = value(registry, "mongolock_waiting_acquisitions")
     holder = manager.acquire("m-wait", ttl=10)
     got: list[object] = []
@@ -70,13 +69,12 @@ def test_waiting_gauge_counts_a_blocked_acquire(
     waiter.join(10)
     assert got
     assert value(registry, "mongolock_waiting_acquisitions") == waiting
-    assert value(registry, "mongolock_held_locks") == held + 1
+    assert value(registry, "mongolock_held_locks") == 1
 
 
 def test_losses_by_reason_and_refresher_histograms(
     manager: LockManager, other: LockManager, registry: CollectorRegistry
 ) -> None:
-    held = value(registry, "mongolock_held_locks")  # earlier tests' locks still alive
     lock = manager.acquire("m-lost", ttl=30)
     get_refresher().tick()
     assert get_notices().drain(5.0)  # ticks and losses are told on a notice worker
@@ -87,7 +85,7 @@ def test_losses_by_reason_and_refresher_histograms(
         lock.refresh()
     assert get_notices().drain(5.0)
     assert value(registry, "mongolock_losses_total", reason="force-released") == 1
-    assert value(registry, "mongolock_held_locks") == held
+    assert value(registry, "mongolock_held_locks") == 0
 
 
 def test_key_label_is_opt_in_and_bounded(manager: LockManager) -> None:
