@@ -7,6 +7,9 @@
   woken through the change stream).
 * ``redis``: python-redis-lock on a local ``redis-server`` (waiters woken by the release).
 
+``ours`` may also carry instrumentation (``Spec.instrument``): the observers it names are
+installed in the worker process when the contender is built and removed by its ``close()``.
+
 A spec is plain data, so that worker processes can build their own clients from it.
 """
 
@@ -27,6 +30,7 @@ from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 from pymongo.write_concern import WriteConcern
 
+from benchmarks.instruments import instrument
 from django_mongolock import LockManager, LockNotAcquired
 
 __all__ = ["DATABASE", "TTL", "Contender", "Spec", "build", "quiet_peers"]
@@ -52,6 +56,9 @@ class Spec:
     blocking: bool = True
     """For the uncontended workload: acquire with the blocking call (the default API)."""
     refresh: bool = True
+    instrument: str = ""
+    """For ``ours``: observers to install while the contender lives, joined by ``+``
+    (``prometheus``, ``otel``, ``stats``); empty for none (``benchmarks.instruments``)."""
 
 
 class Contender(Protocol):
@@ -144,9 +151,18 @@ class OurLock:
 
     def __init__(self, spec: Spec) -> None:
         self.blocking = spec.blocking
-        self.manager = LockManager(
-            spec.url, database=DATABASE, collection=spec.collection, ttl=TTL, refresh=spec.refresh
-        )
+        self._uninstall = instrument(spec.instrument)
+        try:
+            self.manager = LockManager(
+                spec.url,
+                database=DATABASE,
+                collection=spec.collection,
+                ttl=TTL,
+                refresh=spec.refresh,
+            )
+        except BaseException:
+            self._uninstall()
+            raise
 
     def try_acquire(self, key: str) -> object | None:
         try:
@@ -163,7 +179,10 @@ class OurLock:
         handle.release()  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        self.manager.close()
+        try:
+            self.manager.close()
+        finally:
+            self._uninstall()
 
 
 class RedisLock:

@@ -10,10 +10,10 @@ from typing import Any, Final
 
 from benchmarks import scale
 from benchmarks.labels import FLOOR_POLL_10, FLOOR_TTL, OURS, REDIS
-from benchmarks.markdown import median, pct
+from benchmarks.markdown import change, median, pct
 from benchmarks.stats import ms, ratio
 
-__all__ = ["safety", "targets"]
+__all__ = ["INSTRUMENTATION_GOAL", "safety", "targets"]
 
 # Goals for the code, read off one run; nothing here is a timed assertion.
 UNCONTENDED_GOAL: Final = 1.15
@@ -31,6 +31,8 @@ REFRESH_GOAL: Final = 1.2
 THREADS_GOAL: Final = 3
 BYTES_PER_LOCK_GOAL: Final = 2048
 ADMIN_GOAL: Final = 0.2
+# What observers may add to an uncontended acquire+release cycle's time: a share of it.
+INSTRUMENTATION_GOAL: Final = 0.03
 
 
 # -- targets ------------------------------------------------------------------------------------
@@ -193,6 +195,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if "scale" in results:
         for name, goal, figure, value, met in scale.targets(results["scale"]):
             add(name, goal, figure, value, met, to="4 waiters")
+    if "instrumentation" in results:
+        data = results["instrumentation"]
+        for label, row in data["rows"].items():
+            if label == data["baseline"]:
+                continue
+            value = row["time_ratio"]["median"]
+            add(
+                f"instrumentation: {label}",
+                f"adds ≤ {INSTRUMENTATION_GOAL:.0%} to an uncontended cycle's time",
+                f"{change(value - 1)} (rounds {change(row['time_ratio']['min'] - 1)} "
+                f"to {change(row['time_ratio']['max'] - 1)}); CPU "
+                f"+{row['cpu_added']['median'] * 1e6:.0f} µs a cycle ({pct(row['cpu_share'])})",
+                value,
+                value <= 1 + INSTRUMENTATION_GOAL,
+                to=data["baseline"],
+            )
     unsafe = safety(results)
     if unsafe:
         total = sum(row["overlaps"] + row["lost"] for row in unsafe)
@@ -208,7 +226,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def safety(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for workload in ("uncontended", "handoff", "many-keys"):
+    for workload in ("uncontended", "handoff", "many-keys", "instrumentation"):
         if workload not in results:
             continue
         for label, row in results[workload]["rows"].items():

@@ -11,6 +11,7 @@ __all__ = [
     "FLOOR_POLL_10",
     "FLOOR_POLL_100",
     "FLOOR_TTL",
+    "INSTRUMENTED",
     "OURS",
     "OURS_TRY",
     "PLOT_NAME",
@@ -24,6 +25,16 @@ FLOOR_TTL: Final = "floor + TTL index (reference)"
 FLOOR_POLL_10: Final = "floor, polling every 10 ms"
 FLOOR_POLL_100: Final = "floor, polling every 100 ms"
 REDIS: Final = "python-redis-lock"
+
+# The instrumentation workload's contenders: our lock and what is subscribed to its events
+# (``Spec.instrument``, see ``benchmarks.instruments``); the first is the baseline.
+INSTRUMENTED: Final[tuple[tuple[str, str], ...]] = (
+    ("nothing subscribed", ""),
+    ("Prometheus metrics", "prometheus"),
+    ("OpenTelemetry spans", "otel"),
+    ("metrics and spans", "prometheus+otel"),
+    ("contention statistics (admin)", "stats"),
+)
 
 PLOT_NAME: Final = "handoff-waits.png"
 DOCS_PAGE: Final = "docs/benchmarks.md"

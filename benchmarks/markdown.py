@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["median", "pct", "table", "x"]
+__all__ = ["change", "median", "pct", "table", "x"]
 
 
 def x(value: float, digits: int = 2) -> str:
@@ -14,6 +14,11 @@ def x(value: float, digits: int = 2) -> str:
 
 def pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value * 100:.1f} %"
+
+
+def change(value: float) -> str:
+    """A relative change, signed: ``+1.2 %``."""
+    return "n/a" if math.isnan(value) else f"{value * 100:+.1f} %"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

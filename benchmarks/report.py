@@ -91,13 +91,12 @@ def render(
         "[Where the time goes](performance.md) explains the figures.",
         "",
         "Reproduce with `make bench` (the full run, about ten minutes; it rewrites this "
-        "page and its plots), or `.venv/bin/python benchmarks/run.py --quick` for a short run, "
-        "`--only NAME` for one workload, `--processes N --hold SECONDS` for another "
-        "contended shape and `--scale-processes 4,16,48` for the scale workload's points. "
-        "[Scaling](scaling.md) reads the figures for larger deployments. "
-        "The suite needs the `bench` extra "
+        "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
+        "`--only NAME` for one workload. The suite needs the `bench` extra "
         "(`pip install -e '.[bench]'`) and, for python-redis-lock, a `redis-server` on "
         "`PATH`; it starts its own single-node replica set unless `MONGOLOCK_URL` names one. "
+        "The instrumentation workload measures the `prometheus` extra and "
+        "`opentelemetry-sdk` where they are installed. "
         "Reports and JSON go to `benchmarks/results/`.",
         "",
         "!!! note",
@@ -140,6 +139,8 @@ def render(
         lines += sections.admin(results["admin"])
     if "scale" in results:
         lines += scale.render(results["scale"], scale_plot)
+    if "instrumentation" in results:
+        lines += sections.instrumentation(results["instrumentation"])
     unsafe = safety(results)
     if unsafe:
         lines += sections.safety_table(unsafe)

@@ -2,7 +2,9 @@
 
 Workers are spawned once (``spawn``: each builds its own clients, none inherited) and
 reused for every round and contender, so that a round measures locking rather than
-process start-up. Contended jobs start together on a barrier.
+process start-up. Contended jobs start together on a barrier. A job marked ``fresh`` (and
+any whose contender installs observers, which are process-wide) builds its contender for
+itself and closes it after.
 
 Safety is counted while measuring: every critical section marks its key as occupied in
 shared memory (an overlap is a second holder seen there) and does a read-modify-write of
@@ -78,6 +80,9 @@ class Job:
     keys: int = 1
     hold: float = 0.0
     seed: int = 0
+    fresh: bool = False
+    """Build the contender for this job alone and close it after (always so when its spec
+    installs instrumentation: process-wide observers must not outlive their job)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +159,20 @@ def _serve(
     contenders: dict[Spec, Contender] = {}
     while (job := inbox.get()) is not None:
         try:
-            contender = contenders.get(job.spec)
-            if contender is None:
-                contender = contenders[job.spec] = build(job.spec)
             run = _WORKLOADS[job.workload]
             barrier = barriers.get(job.parties)
-            results.put((index, "ok", run(contender, job, barrier, shared, index)))
+            if job.fresh or job.spec.instrument:
+                fresh = build(job.spec)
+                try:
+                    result = run(fresh, job, barrier, shared, index)
+                finally:
+                    fresh.close()
+            else:
+                contender = contenders.get(job.spec)
+                if contender is None:
+                    contender = contenders[job.spec] = build(job.spec)
+                result = run(contender, job, barrier, shared, index)
+            results.put((index, "ok", result))
         except BaseException:
             results.put((index, "error", traceback.format_exc()))
             barrier = barriers.get(job.parties)
@@ -187,6 +200,7 @@ def _uncontended(
     acquire: list[float] = []
     release: list[float] = []
     clock = time.perf_counter
+    cpu_started = time.process_time()
     started = clock()
     for cycle in range(job.cycles):
         slot = cycle % job.keys
@@ -203,6 +217,7 @@ def _uncontended(
     return {
         "cycles": job.cycles,
         "elapsed": elapsed,
+        "cpu": time.process_time() - cpu_started,
         "acquire": acquire,
         "release": release,
     }

@@ -10,9 +10,10 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
-from benchmarks import report
+from benchmarks import instruments, report
 from benchmarks import scale as scaling
 from benchmarks.contenders import DATABASE, Spec
+from benchmarks.labels import INSTRUMENTED
 from benchmarks.probes import admin_probe, footprint_probe, run_fresh
 from benchmarks.refreshing import refresh_probe
 from benchmarks.servers import MongoServer, RedisServer
@@ -141,6 +142,49 @@ def say(message: str) -> None:
 # -- 1. uncontended ---------------------------------------------------------------------------
 
 
+def _cycle_rounds(
+    bench: Bench, specs: Sequence[Spec], *, fresh: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Uncontended acquire+release cycles of every spec, one job each per round, in rotated
+    order; per label: cycles/s and CPU seconds per cycle of each round, pooled latencies and
+    the safety counts. ``fresh``: each job builds its contender and closes it after."""
+    plan = bench.plan
+    rows: dict[str, dict[str, Any]] = {
+        spec.label: {"cps": [], "cpu": [], "acquire": [], "release": [], "lost": 0, "overlaps": 0}
+        for spec in specs
+    }
+    for number, order in enumerate(_rotations(specs, plan.rounds), 1):
+        for spec in order:
+            job = Job("uncontended", spec, cycles=plan.cycles, keys=100, fresh=fresh)
+            done = bench.pool.run(job)
+            worker = done.workers[0]
+            row = rows[spec.label]
+            row["cps"].append(worker["cycles"] / worker["elapsed"])
+            row["cpu"].append(worker["cpu"] / worker["cycles"])
+            row["acquire"].extend(worker["acquire"])
+            row["release"].extend(worker["release"])
+            row["lost"] += worker["cycles"] - done.counted
+            row["overlaps"] += done.overlaps
+        say(
+            f"  round {number}/{plan.rounds}: "
+            + ", ".join(f"{s.label} {rows[s.label]['cps'][-1]:.0f}/s" for s in specs)
+        )
+    return rows
+
+
+def _against(rows: dict[str, dict[str, Any]], baseline: str) -> None:
+    """Each row's time per cycle over ``baseline``'s in the same round (rounds kept in
+    order: the baseline ran beside it), then the per-round lists summed up in place."""
+    base, base_cpu = rows[baseline]["cps"], rows[baseline]["cpu"]
+    for row in rows.values():
+        row["time_ratio"] = spread(ratio(b, c) for b, c in zip(base, row["cps"], strict=True))
+        row["cpu_added"] = spread(c - b for b, c in zip(base_cpu, row["cpu"], strict=True))
+        row["cps"] = spread(row["cps"])
+        row["cpu"] = spread(row["cpu"])
+        row["acquire"] = summary(row["acquire"])
+        row["release"] = summary(row["release"])
+
+
 def uncontended(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     specs = [
@@ -150,31 +194,8 @@ def uncontended(bench: Bench) -> dict[str, Any]:
         bench.ours("uncontended_ours", label=report.OURS_TRY, blocking=False),
         *bench.peers("uncontended"),
     ]
-    rows: dict[str, dict[str, Any]] = {
-        spec.label: {"cps": [], "acquire": [], "release": [], "lost": 0, "overlaps": 0}
-        for spec in specs
-    }
-    for number, order in enumerate(_rotations(specs, plan.rounds), 1):
-        for spec in order:
-            done = bench.pool.run(Job("uncontended", spec, cycles=plan.cycles, keys=100))
-            worker = done.workers[0]
-            row = rows[spec.label]
-            row["cps"].append(worker["cycles"] / worker["elapsed"])
-            row["acquire"].extend(worker["acquire"])
-            row["release"].extend(worker["release"])
-            row["lost"] += worker["cycles"] - done.counted
-            row["overlaps"] += done.overlaps
-        say(
-            f"  round {number}/{plan.rounds}: "
-            + ", ".join(f"{s.label} {rows[s.label]['cps'][-1]:.0f}/s" for s in specs)
-        )
-    floor = rows[report.FLOOR]["cps"]
-    for row in rows.values():
-        # Time per cycle relative to the floor's, round by round (the floor ran beside it).
-        row["time_ratio"] = spread(ratio(f, c) for f, c in zip(floor, row["cps"], strict=True))
-        row["cps"] = spread(row["cps"])
-        row["acquire"] = summary(row["acquire"])
-        row["release"] = summary(row["release"])
+    rows = _cycle_rounds(bench, specs)
+    _against(rows, report.FLOOR)
     return {"floor": report.FLOOR, "cycles": plan.cycles, "rounds": plan.rounds, "rows": rows}
 
 
@@ -367,6 +388,39 @@ def scale(bench: Bench) -> dict[str, Any]:
     )
 
 
+# -- 8. instrumentation ------------------------------------------------------------------------
+
+
+def instrumentation(bench: Bench) -> dict[str, Any]:
+    """Our lock's uncontended cycle with each set of observers against none, round by round."""
+    plan = bench.plan
+    specs: list[Spec] = []
+    skipped: dict[str, list[str]] = {}
+    for label, names in INSTRUMENTED:
+        absent = instruments.missing(names)
+        if absent:
+            skipped[label] = absent
+            say(f"  {label}: skipped ({', '.join(absent)} not installed)")
+            continue
+        specs.append(bench.ours("instrumentation", label=label, instrument=names))
+    baseline = INSTRUMENTED[0][0]
+    # Every contender built for its own job: the observers are process-wide.
+    rows = _cycle_rounds(bench, specs, fresh=True)
+    _against(rows, baseline)
+    cycle = 1 / rows[baseline]["cps"]["median"]
+    for row in rows.values():
+        # The CPU a cycle gained, as a share of the baseline's time per cycle.
+        row["cpu_share"] = row["cpu_added"]["median"] / cycle
+    return {
+        "baseline": baseline,
+        "instruments": dict(INSTRUMENTED),
+        "cycles": plan.cycles,
+        "rounds": plan.rounds,
+        "rows": rows,
+        "skipped": skipped,
+    }
+
+
 WORKLOADS: Final[dict[str, Callable[[Bench], dict[str, Any]]]] = {
     "uncontended": uncontended,
     "handoff": handoff,
@@ -375,4 +429,5 @@ WORKLOADS: Final[dict[str, Callable[[Bench], dict[str, Any]]]] = {
     "footprint": footprint,
     "admin": admin,
     "scale": scale,
+    "instrumentation": instrumentation,
 }

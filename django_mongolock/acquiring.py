@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from django_mongolock import clock
+from django_mongolock import clock, events
 from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
@@ -45,7 +45,13 @@ class Source(LockBackend, Protocol):
 
     def new_owner(self) -> str: ...
 
+    def _resolved(self) -> Source:
+        """The manager that does the work: the lazy default manager names the one its
+        settings describe now, so that a lock is tied to it and not to the proxy."""
+        ...
 
+
+@events.observed
 def acquire(
     source: Source,
     request: Request,
@@ -57,6 +63,7 @@ def acquire(
 ) -> Lock:
     """Take the lock (waiting up to ``wait``); ``announcing=False`` leaves ``lock_acquired``
     to the caller (an election sends it from its own worker, not the refresher's)."""
+    source = source._resolved()
     store = source.store
     if wait == 0:
         sent_at = clock.now()
@@ -92,9 +99,10 @@ def acquire(
             raise busy(mine)
         mine = confirmed
     lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
-    return announce(source, lock) if announcing else lock
+    return announce(lock) if announcing else lock
 
 
+@events.waited
 def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple[float, LockInfo]:
     """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
     watcher = source.watcher
@@ -131,6 +139,7 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             return sent_at, mine
 
 
+@events.aobserved
 async def aacquire(
     source: Source,
     request: Request,
@@ -139,6 +148,7 @@ async def aacquire(
     on_lost: Callable[[Lock], object] | None,
 ) -> Lock:
     """``acquire`` for coroutines: the same plan, sleeping on an asyncio event."""
+    source = source._resolved()
     store = await source.astore()
     if wait == 0:
         sent_at = clock.now()
@@ -173,10 +183,10 @@ async def aacquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
-    return await aannounce(source, lock)
+    return await aannounce(_handle(source, mine, sent_at, keep, on_lost, _full(mine, request)))
 
 
+@events.awaited
 async def _await(
     source: Source, store: AsyncLockStore, plan: WaitPlan, wake: AsyncWake
 ) -> tuple[float, LockInfo]:
@@ -282,7 +292,7 @@ def _abandon(store: LockStore, request: Request) -> None:
             store.leave_queue(request.key, request.owner)
 
 
-def announce(source: object, lock: Lock) -> Lock:
+def announce(lock: Lock) -> Lock:
     """Send ``lock_acquired``; if a receiver fails, release the lock and raise its error.
 
     Every receiver runs (``send_robust``), so each one that is told of the
@@ -290,7 +300,7 @@ def announce(source: object, lock: Lock) -> Lock:
     the key must not stay taken by nobody's handle until its lease ends.
     """
     try:
-        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+        failed = _failure(lock_acquired.send_robust(sender=lock.backend, lock=lock))
     except BaseException:  # sys.exit() or KeyboardInterrupt in a receiver
         _give_back_quietly(lock)
         raise
@@ -300,10 +310,10 @@ def announce(source: object, lock: Lock) -> Lock:
     return lock
 
 
-async def aannounce(source: object, lock: Lock) -> Lock:
+async def aannounce(lock: Lock) -> Lock:
     """``announce`` for coroutines: the release goes through the async client."""
     try:
-        failed = _failure(lock_acquired.send_robust(sender=source, lock=lock))
+        failed = _failure(lock_acquired.send_robust(sender=lock.backend, lock=lock))
     except BaseException:
         await _agive_back_quietly(lock)
         raise

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
@@ -28,7 +28,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 from django.views.generic import RedirectView
 
-from django_mongolock.conf import get_manager
+from django_mongolock.conf import apply_stats_setting, get_manager
+from django_mongolock.contention import contention_context, key_context
 from django_mongolock.dashboard import (
     ListParams,
     LockList,
@@ -44,10 +45,8 @@ from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
 from django_mongolock.releasing import (
     RELEASE_ACTION,
-    Selection,
+    ReleaseViews,
     bulk_selection,
-    confirmation_context,
-    force_release,
     parse_token,
 )
 from django_mongolock.validation import validate_key
@@ -55,6 +54,11 @@ from django_mongolock.validation import validate_key
 __all__ = ["LockAdmin"]
 
 logger = logging.getLogger("django_mongolock.admin")
+
+# The contention view counts what this process's locks see: record it in every process
+# that loads the admin (workers included, through admin autodiscovery), unless
+# MONGOLOCK['STATS'] is False. No I/O, no thread.
+apply_stats_setting()
 
 _MISSING: Final = gettext_noop(
     "The lock “%(key)s” does not exist: it was released, or purged after it expired."
@@ -68,7 +72,7 @@ else:  # ModelAdmin is generic for type checkers only
 
 
 @admin.register(Lock)
-class LockAdmin(_ModelAdmin):
+class LockAdmin(ReleaseViews, _ModelAdmin):
     """Lists, shows and force-releases the locks of the default ``LockManager``.
 
     Override ``get_manager`` to show another collection. Views check the model permissions
@@ -86,6 +90,9 @@ class LockAdmin(_ModelAdmin):
     audit_entries = 50
     """How many force releases of a key its page shows (newest first)."""
     unavailable_template = "admin/django_mongolock/lock/unavailable.html"
+    contention_template = "admin/django_mongolock/lock/contention.html"
+    contention_keys = 10
+    """How many of the busiest keys the contention view shows."""
     actions = None
     health_check_interval = 30.0
     """Seconds a passed check of the server (a replica set, every index in place) is trusted
@@ -124,6 +131,7 @@ class LockAdmin(_ModelAdmin):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             path("", self._wrap(self.changelist_view), name=f"{prefix}_changelist"),
+            path("contention/", self._wrap(self.contention_view), name=f"{prefix}_contention"),
             path(
                 "<path:object_id>/release/", self._wrap(self.release_view), name=f"{prefix}_release"
             ),
@@ -247,6 +255,23 @@ class LockAdmin(_ModelAdmin):
             request, selection, cancel_url=request.get_full_path(), bulk=True
         )
 
+    def contention_view(self, request: HttpRequest) -> HttpResponse:
+        """The last hour: charts and a table of acquisitions, waits and losses, the busiest
+        keys, and the longest lines of waiters now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = self._context(
+            request,
+            title=_("Lock contention"),
+            changelist_url=self._changelist_url(),
+            **contention_context(
+                self.get_manager(),
+                url=lambda key: self._lock_url("change", key),
+                limit=self.contention_keys,
+            ),
+        )
+        return self._render(request, self.contention_template, context)
+
     # -- one lock -------------------------------------------------------------------------------
 
     def change_view(
@@ -276,6 +301,7 @@ class LockAdmin(_ModelAdmin):
                 info=None,
                 audit=audit_rows(audit, None),
                 changelist_url=changelist_url,
+                **key_context(manager, key, audit),
             )
             return self._render(request, self.change_form_template, context)
         row = self._row(info, preserved=preserved)
@@ -292,6 +318,7 @@ class LockAdmin(_ModelAdmin):
             **detail_context(info, audit, retention=manager.retention),
             history=history,
             changelist_url=changelist_url,
+            **key_context(manager, key, audit),
             **(extra_context or {}),
         )
         return self._render(request, self.change_form_template, context)
@@ -330,65 +357,6 @@ class LockAdmin(_ModelAdmin):
             [(key, token)],
             cancel_url=f"{detail_url}?{preserved}" if preserved else detail_url,
             bulk=False,
-        )
-
-    # -- releasing ------------------------------------------------------------------------------
-
-    def _release_confirmation(
-        self,
-        request: HttpRequest,
-        selection: Sequence[Selection],
-        *,
-        cancel_url: str,
-        bulk: bool,
-        unconfirmed: bool = False,
-    ) -> HttpResponse:
-        """What would be released, as the server sees it now; changed locks are left out.
-
-        A live lock whose holder is not known to be dead gets a box to tick: the release of that
-        lock goes ahead only with it ticked. ``unconfirmed``: shown again because a box
-        was left unticked.
-        """
-        context = self._context(
-            request,
-            **confirmation_context(request, self.get_manager(), selection, self._row),
-            bulk=bulk,
-            cancel_url=cancel_url,
-            changelist_url=self._changelist_url(_changelist_filters(request)),
-            unconfirmed=unconfirmed,
-        )
-        return self._render(request, self.release_confirmation_template, context)
-
-    def _release(
-        self,
-        request: HttpRequest,
-        selection: Sequence[Selection],
-        done: HttpResponse,
-        *,
-        cancel_url: str,
-        bulk: bool,
-    ) -> HttpResponse:
-        """Release at the tokens the operator confirmed; ask again for the unticked boxes."""
-        unconfirmed = force_release(
-            request, self.get_manager(), selection, lambda info: self.log_release(request, info)
-        )
-        if unconfirmed:
-            return self._release_confirmation(
-                request, unconfirmed, cancel_url=cancel_url, bulk=bulk, unconfirmed=True
-            )
-        return done
-
-    def log_release(self, request: HttpRequest, info: LockInfo) -> LogEntry:
-        """Record a force release in the admin log: key, former owner and fencing token."""
-        user_id = request.user.pk
-        assert user_id is not None  # admin_view lets only staff users in
-        return LogEntry.objects.create(
-            user_id=user_id,
-            content_type_id=ContentType.objects.get_for_model(self.model).pk,
-            object_id=info.key,
-            object_repr=short(info.key, 200),
-            action_flag=DELETION,
-            change_message=f"Force-released; owner {info.owner}, fencing token {info.token}.",
         )
 
     # -- MongoDB trouble ------------------------------------------------------------------------

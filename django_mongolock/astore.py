@@ -132,15 +132,16 @@ class AsyncLockStore:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
-        with self._translate:
-            command = queries.release(key, owner, token).command(self.collection.name)
-            reply, retried = await self._send(command)
-            if reply["nModified"] or not retried:
-                return bool(reply["nModified"])
-            # Sent twice and the second changed nothing: the first freed the document
-            # (or handed it on) if the document records this owner's release.
-            freed = queries.still_freed(key, owner)
-            return await self.collection.find_one(freed, projection={"_id": 1}) is not None
+        with self._translate:  # see LockStore.release
+            for release in (queries.release, queries.handing_release):
+                command = release(key, owner, token).command(self.collection.name)
+                reply, retried = await self._send(command)
+                if reply["nModified"]:
+                    return True
+                freed = queries.still_freed(key, owner)
+                if retried and await self.collection.find_one(freed, projection={"_id": 1}):
+                    return True
+            return False
 
     async def close(self) -> None:
         await self.client.close()

@@ -67,7 +67,7 @@ def check_server(
                     id=f"mongolock.{SERVER_STANDALONE}",
                 )
             ]
-        plan = manager.check_indexes()
+        plan = manager.check_indexes(kind=kind)
     except MongoLockError as exc:
         return [
             checks.Error(

@@ -20,6 +20,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from django_mongolock import stats
 from django_mongolock.connection import DEFAULT_URL
 from django_mongolock.exceptions import ConfigurationError
 from django_mongolock.manager import LockManager
@@ -72,6 +73,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "OWNER": None,
     # Seconds to find a usable server before an operation fails with ServerUnavailable.
     "SERVER_SELECTION_TIMEOUT": 5.0,
+    # Whether this process records the contention statistics that the admin charts.
+    "STATS": True,
 }
 
 
@@ -95,6 +98,7 @@ class MongoLockSettings:
     audit_retention: int | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    stats: bool = True
 
 
 def _user_settings() -> Any:
@@ -147,6 +151,7 @@ def get_settings() -> MongoLockSettings:
         audit_retention=merged["AUDIT_RETENTION"],
         username=username,
         password=password,
+        stats=merged["STATS"],
     )
 
 
@@ -181,6 +186,7 @@ def settings_problems() -> list[Problem]:
         "USERNAME": current.username,
         "PASSWORD": current.password,
         "AUDIT_RETENTION": current.audit_retention,
+        "STATS": current.stats,
     }
     for name, (check_id, validate) in VALUE_CHECKS.items():
         error = validate(values[name])
@@ -347,3 +353,21 @@ def reset() -> None:
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "MONGOLOCK":
         reset()
+        if _stats_applied:  # only where the admin turned the statistics on
+            apply_stats_setting()
+
+
+_stats_applied = False
+
+
+def apply_stats_setting() -> None:
+    """Record this process's contention statistics, or stop, as ``MONGOLOCK['STATS']`` says
+    (a value that is not a bool is left to the check, ``mongolock.E015``). The admin
+    calls it when it is loaded; from then on a change of the setting applies again."""
+    global _stats_applied
+    _stats_applied = True
+    wanted = get_settings().stats
+    if wanted is True and not stats.installed():
+        stats.install()
+    elif wanted is False and stats.installed():
+        stats.uninstall()

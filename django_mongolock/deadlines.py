@@ -3,9 +3,10 @@
 The refresher extends leases over the network, and the network can hang. This thread
 never touches it: it sleeps until the earliest local deadline (``clock.now()`` at the
 moment the acquire or last successful refresh was sent, plus the lease, minus the drift
-margin) and then calls ``lapse()`` on each lease past its deadline, which marks it lost
-and posts its notices. So a holder learns of its loss by its own bound of the lease end,
-whatever the server or the network does, before another process can take the key.
+margin) and then calls ``lapse()`` on each lease past its deadline, which marks it lost,
+and then ``announce_lapse()`` on each, which posts its notices. So a holder learns of its
+loss by its own bound of the lease end, whatever the server or the network does, before
+another process can take the key.
 
 One heap entry per watched lease: a refresh moves the lease's deadline, and its entry,
 when it comes up, is pushed back to the new deadline (about one heap operation per lease
@@ -50,8 +51,13 @@ class Lease(Protocol):
         """Released or lost: nothing more to watch."""
         ...
 
-    def lapse(self, now: float) -> None:
-        """Mark the lease lost if ``now`` is past its deadline (under its own mutex)."""
+    def lapse(self, now: float) -> bool:
+        """Mark the lease lost if ``now`` is past its deadline (under its own mutex);
+        True when this call marked it."""
+        ...
+
+    def announce_lapse(self) -> None:
+        """Post the notices of the lapse ``lapse()`` marked."""
         ...
 
 
@@ -128,11 +134,20 @@ class Deadlines:
                 due = self._due()
                 if due is None:
                     return
+                # Every lease due is marked first, then the notices go out: a mass loss
+                # marks its last lease as soon as its first.
+                marked: list[Lease] = []
                 for lease in due:
                     try:
-                        lease.lapse(clock.now())
+                        if lease.lapse(clock.now()):
+                            marked.append(lease)
                     except Exception:
                         logger.exception("could not mark a lease lost")
+                for lease in marked:
+                    try:
+                        lease.announce_lapse()
+                    except Exception:
+                        logger.exception("could not announce a lost lease")
                 self.lapsed += len(due)
         except BaseException:
             logger.exception("the deadline watch failed")

@@ -6,7 +6,9 @@ raises. A generator (or async generator) function holds its lock across the iter
 from the first ``next()`` until it is exhausted, closed or collected. What "busy" means
 depends on what was called: a function raises
 LockNotAcquired, a view answers 423 Locked, a management command exits with
-``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed".
+``BUSY_EXIT_CODE`` so that cron wrappers can tell "busy" from "failed". ``on_busy`` picks
+another answer: ``"skip"``, ``"wait"`` (up to ``timeout``), ``"retry"`` (a bound Celery
+task retries when the holder's lease ends), ``"coalesce"`` (the holder runs once more).
 
 ``on_lost="exit"`` stops the call when its lock is lost while it runs: the main thread
 is interrupted (as by Ctrl+C) the moment the loss is known, and a management command
@@ -19,7 +21,7 @@ import asyncio
 import functools
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 
@@ -35,6 +37,9 @@ from django_mongolock.validation import validate_key, validate_timeout, validate
 __all__ = ["BUSY_EXIT_CODE", "LOST_EXIT_CODE", "OnBusy", "OnLost", "locked"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_POLICIES: Final = ("raise", "skip", "wait", "retry", "coalesce")
+# Policies that run the call again later: only a plain (sync) call can be run again.
+_SYNC_ONLY: Final = ("retry", "coalesce")
 
 
 def locked(
@@ -66,9 +71,15 @@ def locked(
         validate_key(key.format())
     if ttl is not None:
         validate_ttl(ttl)
-    validate_timeout(timeout, blocking=blocking)
-    if on_busy is not None and on_busy not in ("raise", "skip") and not callable(on_busy):
-        raise ValueError(f"on_busy must be None, 'raise', 'skip' or a callable, not {on_busy!r}")
+    if on_busy is not None and on_busy not in _POLICIES and not callable(on_busy):
+        raise ValueError(
+            "on_busy must be None, 'raise', 'skip', 'wait', 'retry', 'coalesce' or a "
+            f"callable, not {on_busy!r:.80}"
+        )
+    # "wait" blocks without blocking=True; any other blocking value is checked as given.
+    validate_timeout(
+        timeout, blocking=True if on_busy == "wait" and blocking is False else blocking
+    )
     if manager is not None and not _is_manager(manager):
         raise TypeError(f"manager must be a LockManager, not {type(manager).__name__}")
     if on_lost is not None and on_lost != "exit" and not callable(on_lost):
@@ -91,6 +102,20 @@ def locked(
             return cast(_F, _decorate_class(target, key, fields, options))
         if not callable(target):
             raise TypeError(f"@locked() needs a function, view or command, not {target!r:.80}")
+        if on_busy in _SYNC_ONLY and (
+            iscoroutinefunction(target)
+            or inspect.isgeneratorfunction(target)
+            or inspect.isasyncgenfunction(target)
+        ):
+            raise TypeError(
+                f"on_busy={on_busy!r} runs plain (sync) functions, tasks and commands; "
+                f"{target!r:.80} is a coroutine or generator function"
+            )
+        if on_busy == "retry" and not _takes_an_argument(target):
+            raise TypeError(
+                f"on_busy='retry' needs a bound task: {target!r:.80} takes no argument for "
+                "the task (decorate with @app.task(bind=True) above @locked and take self)"
+            )
         if on_lost == "exit" and (
             iscoroutinefunction(target)
             or inspect.isgeneratorfunction(target)
@@ -104,6 +129,20 @@ def locked(
         return cast(_F, _wrap(target, Call(template, **options)))
 
     return decorate
+
+
+def _takes_an_argument(target: Callable[..., Any]) -> bool:
+    """Whether ``target`` can be passed a first positional argument (the bound task)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: judged at the call
+        return True
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
+    return any(parameter.kind in positional for parameter in parameters)
 
 
 def _is_manager(value: object) -> bool:
@@ -192,11 +231,25 @@ def _decorate_class(
     command_base = loaded_class("django.core.management.base", "BaseCommand")
     view_base = loaded_class("django.views.generic.base", "View")
     if command_base is not None and issubclass(cls, command_base):
+        if options.get("on_busy") == "retry":
+            raise TypeError(
+                f"on_busy='retry' is for bound Celery tasks, not management commands "
+                f"({cls.__qualname__}): use 'raise' (exit 75) and let cron retry"
+            )
         name, force_async = "handle", False
     elif options.get("on_lost") == "exit":
         raise TypeError(
             f"on_lost='exit' on a class needs a management command (BaseCommand), "
             f"not {cls.__qualname__}"
+        )
+    elif (
+        options.get("on_busy") in _SYNC_ONLY
+        and view_base is not None
+        and issubclass(cls, view_base)
+    ):
+        raise TypeError(
+            f"on_busy={options['on_busy']!r} is not for views ({cls.__qualname__}): "
+            "a busy view answers 423 Locked (or 'wait' up to a timeout)"
         )
     elif view_base is not None and issubclass(cls, view_base):
         # as_view() runs dispatch() in the event loop for async views: acquire off it.

@@ -20,7 +20,12 @@ __all__ = [
 
 
 class MongoLockError(Exception):
-    """Base class of every django-mongolock error."""
+    """Base class of every django-mongolock error.
+
+    An error's ``args`` are its constructor's arguments and its message is built from
+    them, so that ``type(error)(*error.args)`` is the same error: pickling (process pools)
+    and Celery's JSON results rebuild it whole, class and attributes.
+    """
 
 
 class LockNotAcquired(MongoLockError):
@@ -31,26 +36,32 @@ class LockNotAcquired(MongoLockError):
         key: str,
         holder: str | None = None,
         expires_at: datetime | None = None,
-        *,
         waited: float | None = None,
         waiting: int = 0,
+        detail: str | None = None,
     ) -> None:
+        super().__init__(key, holder, expires_at, waited, waiting, detail)
         self.key = key
         self.holder = holder
         self.expires_at = expires_at
         self.waited = waited
         self.waiting = waiting
-        if holder is None and waiting:
-            message = f"lock {key!r} is free, but {waiting} waiter(s) are ahead in line"
+        self.detail = detail
+
+    def __str__(self) -> str:
+        if self.detail is not None:
+            return self.detail
+        if self.holder is None and self.waiting:
+            message = f"lock {self.key!r} is free, but {self.waiting} waiter(s) are ahead in line"
         else:
-            message = f"lock {key!r} is held"
-        if holder is not None:
-            message += f" by {holder}"
-        if expires_at is not None:
-            message += f"; its lease ends at {expires_at.isoformat()} (server time)"
-        if waited is not None:
-            message += f"; gave up after waiting {waited:.3f}s"
-        super().__init__(message)
+            message = f"lock {self.key!r} is held"
+        if self.holder is not None:
+            message += f" by {self.holder}"
+        if self.expires_at is not None:
+            message += f"; its lease ends at {self.expires_at.isoformat()} (server time)"
+        if self.waited is not None:
+            message += f"; gave up after waiting {self.waited:.3f}s"
+        return message
 
 
 class LineFull(LockNotAcquired):
@@ -63,9 +74,12 @@ class LineFull(LockNotAcquired):
 
     def __init__(self, key: str, cap: int, what: str) -> None:
         super().__init__(key)
+        self.args = (key, cap, what)
         self.cap = cap
         self.what = what
-        self.args = (f"lock {key!r} is busy and has {cap} {what}, the most a key takes",)
+
+    def __str__(self) -> str:
+        return f"lock {self.key!r} is busy and has {self.cap} {self.what}, the most a key takes"
 
 
 class LimitConflict(MongoLockError):
@@ -78,16 +92,18 @@ class LimitConflict(MongoLockError):
     """
 
     def __init__(self, key: str, limit: int | None, wanted: int | None) -> None:
+        super().__init__(key, limit, wanted)
         self.key = key
         self.limit = limit
         self.wanted = wanted
 
+    def __str__(self) -> str:
         def shown(value: int | None) -> str:
             return "no limit" if value is None else f"limit {value}"
 
-        super().__init__(
-            f"lock {key!r} is held under {shown(limit)}; {shown(wanted)} was asked for "
-            "(the limit belongs to the key while it has holders)"
+        return (
+            f"lock {self.key!r} is held under {shown(self.limit)}; {shown(self.wanted)} was "
+            "asked for (the limit belongs to the key while it has holders)"
         )
 
 
@@ -95,11 +111,14 @@ class LockLost(MongoLockError):
     """The holder no longer holds the lock: its lease ended, or it was force-released."""
 
     def __init__(self, key: str, owner: str, token: int, reason: str = "no longer held") -> None:
+        super().__init__(key, owner, token, reason)
         self.key = key
         self.owner = owner
         self.token = token
         self.reason = reason
-        super().__init__(f"lock {key!r} (owner {owner}, token {token}) is lost: {reason}")
+
+    def __str__(self) -> str:
+        return f"lock {self.key!r} (owner {self.owner}, token {self.token}) is lost: {self.reason}"
 
 
 class StaleTokenError(LockLost):
@@ -113,6 +132,7 @@ class StaleTokenError(LockLost):
         super().__init__(
             key, owner, token, f"a newer holder wrote first (the resource's fence is {fence})"
         )
+        self.args = (key, owner, token, fence)
         self.fence = fence
 
 
@@ -125,13 +145,16 @@ class FenceKeyConflict(MongoLockError):
     """
 
     def __init__(self, key: str, token: int, fence_key: str, fence: int) -> None:
+        super().__init__(key, token, fence_key, fence)
         self.key = key
         self.token = token
         self.fence_key = fence_key
         self.fence = fence
-        super().__init__(
-            f"lock {key!r} (token {token}) cannot write a resource fenced by lock "
-            f"{fence_key!r} (fence {fence}): one resource is fenced by one key"
+
+    def __str__(self) -> str:
+        return (
+            f"lock {self.key!r} (token {self.token}) cannot write a resource fenced by lock "
+            f"{self.fence_key!r} (fence {self.fence}): one resource is fenced by one key"
         )
 
 
@@ -143,8 +166,11 @@ class ReplicaSetRequired(ConfigurationError):
     """The server is a standalone mongod; fencing and durable locks need a replica set."""
 
     def __init__(self, servers: Sequence[str]) -> None:
+        super().__init__(tuple(servers))
         self.servers = tuple(servers)
-        super().__init__(
+
+    def __str__(self) -> str:
+        return (
             f"MongoDB at {', '.join(self.servers) or '?'} is a standalone server; "
             "django-mongolock requires a replica set (a single-node one is fine: start mongod "
             "with --replSet NAME and run rs.initiate())"
@@ -155,9 +181,11 @@ class ServerUnavailable(MongoLockError):
     """MongoDB could not be reached, or did not answer, within the configured time."""
 
     def __init__(self, servers: Sequence[str], timeout: float | None, detail: str) -> None:
+        super().__init__(tuple(servers), timeout, detail)
         self.servers = tuple(servers)
         self.timeout = timeout
-        within = f" within {timeout:g}s" if timeout is not None else ""
-        super().__init__(
-            f"MongoDB at {', '.join(self.servers) or '?'} did not answer{within}: {detail}"
-        )
+        self.detail = detail
+
+    def __str__(self) -> str:
+        within = f" within {self.timeout:g}s" if self.timeout is not None else ""
+        return f"MongoDB at {', '.join(self.servers) or '?'} did not answer{within}: {self.detail}"

@@ -79,10 +79,11 @@ class HealthCheck:
 
     @staticmethod
     def run(manager: LockManager) -> Health:
-        if manager.server_kind() == "standalone":
+        kind = manager.server_kind()
+        if kind == "standalone":
             # Reads work on a standalone mongod, but no lock can be taken there: say so.
             return Health(ReplicaSetRequired(manager.store.servers()))
-        return Health(None, tuple(manager.check_indexes()))
+        return Health(None, tuple(manager.check_indexes(kind=kind)))
 
     def clear(self) -> None:
         """Forget the passed check: the next page asks the server."""

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import pymongo
 
-from django_mongolock import clock
+from django_mongolock import clock, events, reasons
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import process_of
 from django_mongolock.store import LockStore
@@ -114,6 +114,7 @@ class Lane:
         self._unreachable = False
         self._silent = False  # the last heartbeat failed (logged once)
         self.ticks = 0
+        self._late = 0.0  # how late the current tick started after its due time
 
     def __len__(self) -> int:
         with self._cond:
@@ -234,6 +235,7 @@ class Lane:
                     return
                 # A lock registered while the tick runs may ask for an earlier tick.
                 due, self._due = self._due, math.inf
+                self._late = clock.now() - due
             if due == math.inf:
                 if self._retire():
                     return
@@ -252,6 +254,7 @@ class Lane:
         lock's own mutex: at 10,000 held locks it is a share of the tick that the write
         itself does not dwarf.
         """
+        started, lag, self._late = clock.now(), self._late, 0.0
         with self._cond:
             for lock in [lk for lk in self._locks if lk.over]:
                 self._locks.discard(lock)  # lost by its deadline: nothing left to keep
@@ -270,6 +273,9 @@ class Lane:
         with self._cond:
             self._due = min(self._due, next_due)
         self.ticks += 1
+        events.tick(
+            self.manager, started, lag, len(locks), interval(shortest), not self._unreachable
+        )
         for election in elections:
             try:
                 election.campaign()
@@ -295,6 +301,8 @@ class Lane:
             MIN_WRITE_TIME,
             min(max(deadlines) - sent_at, max(min(deadlines) - sent_at, interval(shortest))),
         )
+        reasons.sent(self.manager, sent_at, locks)
+        answered = False
         try:
             with pymongo.timeout(budget):
                 gone = store.refresh_many(
@@ -302,12 +310,15 @@ class Lane:
                 ) | store.refresh_shared_many(
                     [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
                 )
+            answered = True
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             if not self._unreachable:
                 logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
             self._unreachable = True
             # The deadline watch announces the losses on time; try again soon.
             return clock.now() + min(RETRY_INTERVAL, interval(shortest))
+        finally:
+            reasons.answered(self.manager, answered)
         if self._unreachable:
             logger.warning("refreshing locks again")
             self._unreachable = False

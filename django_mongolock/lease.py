@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django_mongolock import clock
+from django_mongolock import clock, events
 from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -104,7 +104,8 @@ class LeaseState:
             return False
         now = clock.now()
         if now >= self._deadline:
-            self.lapse(now)
+            if self.lapse(now):
+                self.announce_lapse()
             return False
         return True
 
@@ -123,7 +124,8 @@ class LeaseState:
             now = clock.now()
             if now < self._deadline:
                 return
-            self.lapse(now)
+            if self.lapse(now):
+                self.announce_lapse()
             reason = self._loss or LAPSED
         raise LockLost(self.key, self.owner, self.token, reason)
 
@@ -202,15 +204,15 @@ class LeaseState:
         """Released or lost: the deadline watch and the refresher can forget it."""
         return self._released or self._lost
 
-    def lapse(self, now: float) -> None:
-        """Mark the lock lost if ``now`` is past its deadline; notices go to a worker.
-
-        Called by the deadline watch (and ``valid``): it sets the flag and the event at
-        once and never runs user code in the caller's thread.
-        """
+    def lapse(self, now: float) -> bool:
+        """Mark the lock lost if ``now`` is past its deadline: the flag, the event and the
+        loss hooks, never user code. True when this call marked it; its notices then go
+        out through ``announce_lapse()``, which the deadline watch calls once it has
+        marked every lease due at that moment, so that the last of ten thousand is not
+        marked late behind the others' notices."""
         with self._mutex:
             if self._lost or self._released or now < self._deadline:
-                return
+                return False
             self._lost = True
             self._loss = LAPSED
             event = self._lost_event
@@ -218,6 +220,10 @@ class LeaseState:
         if event is not None:
             event.set()
         self._run_hooks(hooks)
+        return True
+
+    def announce_lapse(self) -> None:
+        """The notices of a lapse that ``lapse()`` marked (on workers, never here)."""
         self._post_notices(LAPSED)
 
     def _run_hooks(self, hooks: list[Callable[[], object]] | None) -> None:
@@ -350,14 +356,14 @@ class LeaseState:
     def _post_notices(self, reason: str) -> None:
         """Post the notices, each apart: ``on_lost`` first (it demotes an election), then
         one per ``lock_lost`` receiver, so that none waits behind another that blocks."""
-        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        events.lost(self._sender, self, reason, self._deadline)
         receivers = calls(lock_lost, self._sender, lock=self, reason=reason)
         get_notices().post_all(receivers, urgent=[self._call_on_lost])
         get_deadlines().kick()
 
     def _notify(self, reason: str) -> None:
         """Log, call ``on_lost`` and send ``lock_lost`` here: a failing one stops none."""
-        logger.warning("lock %r (token %s) lost: %s", self.key, self.token, reason)
+        events.lost(self._sender, self, reason, self._deadline)
         self._call_on_lost()
         send_safely(lock_lost, self._sender, lock=self, reason=reason)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from django_mongolock import clock
+from django_mongolock import clock, events
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -153,6 +153,7 @@ class Lock(LeaseState):
     def _released_by_holder(self, held: bool) -> None:
         self.backend.on_release(self)
         send_safely(lock_released, self.backend, lock=self, held=held)
+        events.released(self.backend, self, held)
         if not held and not self._lost:
             self.mark_lost("its lease had ended or it was released by somebody else")
 

@@ -2,7 +2,7 @@
 
 Connections live in ``connection.py``, the acquire loops in ``acquiring.py`` (following
 the wait plan of ``acquirer.py``), the handle in ``lock.py``, semaphores, groups and
-elections in ``recipes.py``, and every query in ``store.py``.
+elections in ``recipes/``, the queries in ``queries/``, sent by ``store/``.
 """
 
 from __future__ import annotations
@@ -155,6 +155,10 @@ class LockManager(Operations):
         self.close()
 
     # -- acquiring ---------------------------------------------------------------------------
+
+    def _resolved(self) -> LockManager:
+        """This manager (the lazy default manager answers the one its settings describe)."""
+        return self
 
     def new_owner(self) -> str:
         """A holder id unique per acquisition: ``host:pid:random`` (or ``OWNER:pid:random``)."""

@@ -104,7 +104,19 @@ class Operations:
         by = validate_audit_text("by", operator() if by is None else by, allow_empty=False)
         info = self.store.force_release_recorded(key, token, by=by, reason=reason)
         if info is not None:
-            logger.info("force-released %r (owner %s, token %s)", key, info.owner, info.token)
+            logger.info(
+                "force-released %r (owner %s, token %s)",
+                key,
+                info.owner,
+                info.token,
+                extra={
+                    "key": key,
+                    "owner": info.owner,
+                    "token": info.token,
+                    "by": by,
+                    "reason": reason,
+                },
+            )
             self.waiters.notify(key)
         return info
 
@@ -117,16 +129,21 @@ class Operations:
         """``"replica set"``, ``"sharded"`` or ``"standalone"`` (the last one is refused)."""
         return self.store.server_kind()
 
-    def ensure_indexes(self) -> builtins.list[IndexAction]:
-        """Create or update the unique and TTL indexes (what ``migrate_mongolock`` runs)."""
+    def ensure_indexes(self, *, kind: str | None = None) -> builtins.list[IndexAction]:
+        """Create or update the unique and TTL indexes (what ``migrate_mongolock`` runs).
+
+        ``kind``: what ``server_kind()`` answered, when the caller has asked it already.
+        """
+        sharded = (kind or self.server_kind()) == "sharded"
         return [
-            *self.store.ensure_indexes(self.retention),
+            *self.store.ensure_indexes(self.retention, sharded=sharded),
             *self.store.ensure_side_indexes(self.retention, self.audit_retention),
         ]
 
-    def check_indexes(self) -> builtins.list[IndexAction]:
-        """What ``ensure_indexes`` would do, without doing it."""
+    def check_indexes(self, *, kind: str | None = None) -> builtins.list[IndexAction]:
+        """What ``ensure_indexes`` would do, without doing it (``kind`` as there)."""
+        sharded = (kind or self.server_kind()) == "sharded"
         return [
-            *self.store.check_indexes(self.retention),
+            *self.store.check_indexes(self.retention, sharded=sharded),
             *self.store.check_side_indexes(self.retention, self.audit_retention),
         ]

@@ -8,6 +8,7 @@ pure: a value in, a message fragment (or None) out, so they run before anything 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -16,7 +17,13 @@ from urllib.parse import unquote_plus
 from pymongo import uri_parser
 
 from django_mongolock.mongo import redact
-from django_mongolock.validation import validate_ttl
+from django_mongolock.validation import (
+    validate_flag,
+    validate_name,
+    validate_owner,
+    validate_retention,
+    validate_ttl,
+)
 
 __all__ = [
     "AUDIT_RETENTION_INVALID",
@@ -33,6 +40,7 @@ __all__ = [
     "SERVER_SELECTION_TIMEOUT_INVALID",
     "SERVER_STANDALONE",
     "SERVER_UNUSABLE",
+    "STATS_INVALID",
     "TTL_INVALID",
     "UNKNOWN_KEY",
     "URL_INVALID",
@@ -54,6 +62,7 @@ SERVER_SELECTION_TIMEOUT_INVALID: Final = "E009"
 CREDENTIAL_INVALID: Final = "E012"  # USERNAME or PASSWORD
 CREDENTIALS_CONFLICT: Final = "E013"  # given twice, or a password without a user
 AUDIT_RETENTION_INVALID: Final = "E014"
+STATS_INVALID: Final = "E015"
 PASSWORD_SHOWN: Final = "W003"  # a password in a URL that Django shows
 # -- the server (checked with ``check --database``) -----------------------------------------
 SERVER_UNUSABLE: Final = "E010"
@@ -85,21 +94,18 @@ def _check_url(value: Any) -> str | None:
     return None
 
 
-def _check_optional_text(value: Any) -> str | None:
-    """USERNAME, PASSWORD and OWNER: None, or text the driver and the server can carry."""
-    if value is None:
+def _refused(validate: Callable[[Any], object], message: str) -> Callable[[Any], str | None]:
+    """A check of a setting's value by the validator the manager applies to the same value
+    (one rule, worded for the settings): ``message`` when it refuses the value."""
+
+    def check(value: Any) -> str | None:
+        try:
+            validate(value)
+        except (TypeError, ValueError):
+            return message
         return None
-    if not isinstance(value, str) or not value or "\x00" in value:
-        return "must be None or a non-empty str without NUL"
-    return None
 
-
-def _check_name(value: Any) -> str | None:
-    if not isinstance(value, str) or not value:
-        return "must be a non-empty str"
-    if any(c in value for c in '/\\. "$\x00'):
-        return 'must not contain any of / \\ . space " $ or NUL'
-    return None
+    return check
 
 
 def _check_ttl(value: Any) -> str | None:
@@ -110,22 +116,20 @@ def _check_ttl(value: Any) -> str | None:
     return None
 
 
-def _check_retention(value: Any) -> str | None:
-    if type(value) is not int or value < 0:
-        return "must be a whole number of seconds >= 0"
-    return None
+def _optional(validate: Callable[[Any], object]) -> Callable[[Any], object]:
+    return lambda value: None if value is None else validate(value)
 
 
-def _check_audit_retention(value: Any) -> str | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        return "must be None or a whole number of seconds >= 0"
-    return None
-
-
-def _check_refresh(value: Any) -> str | None:
-    return None if type(value) is bool else "must be True or False"
+_check_optional_text = _refused(validate_owner, "must be None or a non-empty str without NUL")
+_check_name = _refused(
+    functools.partial(validate_name, "the value"),
+    'must be a non-empty str without any of / \\ . space " $ or NUL',
+)
+_check_retention = _refused(validate_retention, "must be a whole number of seconds >= 0")
+_check_audit_retention = _refused(
+    _optional(validate_retention), "must be None or a whole number of seconds >= 0"
+)
+_check_flag = _refused(functools.partial(validate_flag, "the value"), "must be True or False")
 
 
 VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
@@ -134,12 +138,13 @@ VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "COLLECTION": (NAME_INVALID, _check_name),
     "TTL": (TTL_INVALID, _check_ttl),
     "RETENTION": (RETENTION_INVALID, _check_retention),
-    "REFRESH": (REFRESH_INVALID, _check_refresh),
+    "REFRESH": (REFRESH_INVALID, _check_flag),
     "OWNER": (OWNER_INVALID, _check_optional_text),
     "SERVER_SELECTION_TIMEOUT": (SERVER_SELECTION_TIMEOUT_INVALID, _check_ttl),
     "USERNAME": (CREDENTIAL_INVALID, _check_optional_text),
     "PASSWORD": (CREDENTIAL_INVALID, _check_optional_text),
     "AUDIT_RETENTION": (AUDIT_RETENTION_INVALID, _check_audit_retention),
+    "STATS": (STATS_INVALID, _check_flag),
 }
 """Each setting's check id and value check."""
 

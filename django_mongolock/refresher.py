@@ -31,7 +31,7 @@ from django_mongolock.exceptions import MongoLockError
 from django_mongolock.lanes import Campaign, Lane, Lease, StoreSource
 from django_mongolock.store import LockStore
 
-__all__ = ["Campaign", "Lease", "Refresher", "StoreSource", "get_refresher", "install", "shutdown"]
+__all__ = ["Refresher", "get_refresher", "install", "shutdown"]
 
 logger = logging.getLogger("django_mongolock.refresher")
 

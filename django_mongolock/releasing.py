@@ -14,13 +14,16 @@ from typing import Any, Final
 
 from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.http import HttpRequest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from django_mongolock.display import may_be_alive
+from django_mongolock.display import may_be_alive, short
 from django_mongolock.info import LockInfo
 from django_mongolock.manager import LockManager
+from django_mongolock.models import Lock
 from django_mongolock.validation import validate_key
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "REASON_MAX",
     "REASON_VAR",
     "RELEASE_ACTION",
+    "ReleaseViews",
     "Selection",
     "bulk_selection",
     "confirmation_context",
@@ -228,3 +232,85 @@ def force_release(
             % {"count": len(unconfirmed)},
         )
     return unconfirmed
+
+
+class ReleaseViews:
+    """The confirmation page and the release, as ``LockAdmin`` shows and runs them (a base
+    class of it: what it needs of the admin is declared here and defined there)."""
+
+    model: type[Lock]
+    release_confirmation_template: str
+
+    def get_manager(self) -> LockManager:
+        raise NotImplementedError
+
+    def _context(self, request: HttpRequest, **context: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _render(
+        self, request: HttpRequest, template: str, context: dict[str, Any], status: int = 200
+    ) -> HttpResponse:
+        raise NotImplementedError
+
+    def _row(self, info: LockInfo, *, preserved: str = "") -> Any:
+        raise NotImplementedError
+
+    def _changelist_url(self, query: str = "") -> str:
+        raise NotImplementedError
+
+    def _release_confirmation(
+        self,
+        request: HttpRequest,
+        selection: Sequence[Selection],
+        *,
+        cancel_url: str,
+        bulk: bool,
+        unconfirmed: bool = False,
+    ) -> HttpResponse:
+        """What would be released, as the server sees it now; changed locks are left out.
+
+        A live lock whose holder is not known to be dead gets a box to tick: the release of that
+        lock goes ahead only with it ticked. ``unconfirmed``: shown again because a box
+        was left unticked.
+        """
+        context = self._context(
+            request,
+            **confirmation_context(request, self.get_manager(), selection, self._row),
+            bulk=bulk,
+            cancel_url=cancel_url,
+            changelist_url=self._changelist_url(request.GET.get("_changelist_filters", "")),
+            unconfirmed=unconfirmed,
+        )
+        return self._render(request, self.release_confirmation_template, context)
+
+    def _release(
+        self,
+        request: HttpRequest,
+        selection: Sequence[Selection],
+        done: HttpResponse,
+        *,
+        cancel_url: str,
+        bulk: bool,
+    ) -> HttpResponse:
+        """Release at the tokens the operator confirmed; ask again for the unticked boxes."""
+        unconfirmed = force_release(
+            request, self.get_manager(), selection, lambda info: self.log_release(request, info)
+        )
+        if unconfirmed:
+            return self._release_confirmation(
+                request, unconfirmed, cancel_url=cancel_url, bulk=bulk, unconfirmed=True
+            )
+        return done
+
+    def log_release(self, request: HttpRequest, info: LockInfo) -> LogEntry:
+        """Record a force release in the admin log: key, former owner and fencing token."""
+        user_id = request.user.pk
+        assert user_id is not None  # admin_view lets only staff users in
+        return LogEntry.objects.create(
+            user_id=user_id,
+            content_type_id=ContentType.objects.get_for_model(self.model).pk,
+            object_id=info.key,
+            object_repr=short(info.key, 200),
+            action_flag=DELETION,
+            change_message=f"Force-released; owner {info.owner}, fencing token {info.token}.",
+        )

@@ -27,8 +27,7 @@ from html.parser import HTMLParser
 from types import FrameType
 from typing import Any
 
-from django_mongolock import LockManager, MongoLockError
-from django_mongolock.primitives import Election
+from django_mongolock import Election, LockManager, MongoLockError
 
 STOP = threading.Event()
 """Set on SIGTERM/SIGINT or when the demo is gone: every loop ends and gives back its locks."""

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager
+from django_mongolock import LockManager, events, stats
+from django_mongolock.notices import get_notices
+from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import find_mongod, free_port
 
 
@@ -31,7 +33,29 @@ def other(mongolock_url: str, manager: LockManager) -> Iterator[LockManager]:
 
 
 @pytest.fixture
-def lock_events() -> Iterator[list[tuple[str, Any]]]:
+def no_leftovers() -> None:
+    """Locks an earlier test left to a closed manager are told lost at the next refresher
+    tick: let that tick come now, before this test starts listening."""
+    get_refresher().tick()
+    assert get_notices().drain(5.0)
+
+
+@pytest.fixture
+def only_listener(no_leftovers: None) -> Iterator[None]:
+    """No observer of lock events but the test's own: the contention statistics, which
+    the admin turned on for the whole session, pause until the test ends. With nobody
+    listening the count of held locks starts again, so ``events.held_count()`` counts
+    only the locks taken during the test, whatever earlier tests left alive."""
+    was = stats.installed()
+    stats.uninstall()
+    assert not events.listening(), "an earlier test left an observer subscribed"
+    yield
+    if was:
+        stats.install()
+
+
+@pytest.fixture
+def lock_events(no_leftovers: None) -> Iterator[list[tuple[str, Any]]]:
     """Every lock signal sent during the test, as (signal name, lock)."""
     from django_mongolock.signals import lock_acquired, lock_lost, lock_released
 

@@ -746,9 +746,9 @@ def test_the_server_check_is_remembered_between_pages(
         asked.append("kind")
         return real_kind(self)
 
-    def check_indexes(self: LockManager) -> Any:
+    def check_indexes(self: LockManager, **kwargs: Any) -> Any:
         asked.append("indexes")
-        return real_indexes(self)
+        return real_indexes(self, **kwargs)
 
     monkeypatch.setattr(LockManager, "server_kind", server_kind)
     monkeypatch.setattr(LockManager, "check_indexes", check_indexes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,20 @@ from django.test import override_settings
 from pytest_django.fixtures import Settings as SettingsWrapper
 
 import django_mongolock
-from django_mongolock import ConfigurationError, LockManager, Semaphore, conf, locked, locks
+from django_mongolock import (
+    ConfigurationError,
+    Election,
+    LockGroup,
+    LockManager,
+    Semaphore,
+    conf,
+    locked,
+    locks,
+    stats,
+)
 from django_mongolock.checks import check_server, check_settings
+from django_mongolock.refresher import get_refresher
+from django_mongolock.signals import lock_acquired
 
 
 def _ids(messages: list[checks.CheckMessage]) -> list[str]:
@@ -83,6 +96,7 @@ def test_default_manager_works(mongolock_settings: dict[str, Any]) -> None:
         ({"REFRESH": "yes"}, ["mongolock.E007"]),
         ({"OWNER": 3}, ["mongolock.E008"]),
         ({"SERVER_SELECTION_TIMEOUT": 0}, ["mongolock.E009"]),
+        ({"STATS": "no"}, ["mongolock.E015"]),
         (
             {"TTL": 0, "RETENTION": 1.5, "URLS": "x"},
             ["mongolock.E002", "mongolock.E005", "mongolock.E006"],
@@ -100,6 +114,37 @@ def test_invalid_settings_are_reported(
     assert all(m.hint for m in messages)
     with pytest.raises(ConfigurationError, match="invalid MONGOLOCK settings"):
         conf.get_manager()
+
+
+def test_stats_false_stops_recording_and_true_starts_again(
+    mongolock_settings: dict[str, Any],
+) -> None:
+    assert stats.installed()  # the admin is loaded: every such process records
+    manager = conf.get_manager()
+    with override_settings(MONGOLOCK={**mongolock_settings, "STATS": False}):
+        assert not stats.installed()
+        off = conf.get_manager()
+        off.acquire("stats-off", ttl=5).release()
+        assert stats.get_recorder().pending(off) == 0
+    assert stats.installed()
+    manager = conf.get_manager()
+    manager.acquire("stats-on", ttl=5).release()
+    assert stats.get_recorder().pending(manager) >= 1  # two when a minute began meanwhile
+
+
+def test_a_setting_change_records_nothing_where_the_admin_did_not(
+    mongolock_settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that never loaded the admin (a program, a test run without it) records
+    nothing because ``MONGOLOCK`` changed; only the admin turns the statistics on."""
+    stats.uninstall()
+    monkeypatch.setattr(conf, "_stats_applied", False)
+    try:
+        with override_settings(MONGOLOCK={**mongolock_settings, "STATS": True}):
+            assert not stats.installed()
+        assert not stats.installed()
+    finally:
+        stats.install()  # as the admin, loaded in this process, left it
 
 
 def test_unknown_key_suggests_the_right_one(settings: SettingsWrapper) -> None:
@@ -272,3 +317,35 @@ def test_default_manager_attributes_come_from_settings(mongolock_settings: dict[
     with pytest.raises(AttributeError, match=r"settings\.MONGOLOCK"):
         locks.ttl = 3
     assert locks.ttl == 30.0
+
+
+def test_recipes_given_the_default_manager_hold_locks_of_the_real_one(
+    mongolock_settings: dict[str, Any],
+) -> None:
+    """A group, a semaphore or an election built on the lazy ``locks`` takes locks of the
+    manager the settings describe: that manager sends their signals, refreshes and
+    releases them, as for ``locks.acquire``."""
+    real = conf.get_manager()
+    senders: list[object] = []
+
+    def acquired(sender: object, **named: Any) -> None:
+        senders.append(sender)
+
+    lock_acquired.connect(acquired)
+    election = Election(locks, "lazy-leader", ttl=10)
+    try:
+        with LockGroup.acquire(locks, ["lazy-a", "lazy-b"], ttl=10) as group:
+            assert all(lock.backend is real for lock in group.locks.values())
+        with Semaphore(locks, "lazy-pool", 2).acquire() as slot:
+            assert slot.backend is real
+        election.start()
+        deadline = time.monotonic() + 10
+        while not election.is_leader and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert election.is_leader
+        assert get_refresher().lane_of(real) is not None
+        assert get_refresher().lane_of(locks) is None  # no second lane for the proxy
+    finally:
+        election.stop()
+        lock_acquired.disconnect(acquired)
+    assert senders == [real] * 4  # two group locks, the slot, the term

@@ -26,6 +26,7 @@ from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.watcher import Watcher
+from tests.test_targeting import RecordedManager, Recorder, Sent
 
 # How long a waiter in line or a test waits for anything at most (never reached when green).
 BOUND = 60.0
@@ -411,3 +412,64 @@ def _until(condition: Any) -> None:
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def _writes(recorder: Recorder, database: str) -> list[Sent]:
+    return [s for s in recorder.on(database, "locks") if s.name in ("findAndModify", "update")]
+
+
+def test_an_uncontended_release_is_one_write_that_only_frees(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    manager = RecordedManager(mongolock_url, database=mongolock_database, ttl=10.0)
+    manager.recorder = Recorder()
+    try:
+        lock = manager.acquire("handoff-alone", refresh=False)
+        before = len(_writes(manager.recorder, mongolock_database))
+        assert lock.release() is True
+        sent = _writes(manager.recorder, mongolock_database)[before:]
+        # One write, and not the one that could hand the lock on: nobody is in line.
+        assert [s.name for s in sent] == ["update"]
+        assert sent[0].command["updates"][0]["q"]["waiters.hand"] == {"$ne": True}
+        assert "$arrayElemAt" not in repr(sent[0].command)
+        # Released for real: the next acquisition gets the key with a greater token.
+        again = manager.acquire("handoff-alone", refresh=False, blocking=False)
+        assert again.token > lock.token
+        again.release()
+    finally:
+        manager.close()
+
+
+def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
+    mongolock_url: str, mongolock_database: str, other: LockManager
+) -> None:
+    manager = RecordedManager(mongolock_url, database=mongolock_database, ttl=10.0)
+    manager.recorder = Recorder()
+    got: list[Lock] = []
+    try:
+        lock = manager.acquire("handoff-line", refresh=False)
+        waiter = threading.Thread(
+            target=lambda: got.append(other.acquire("handoff-line", ttl=10.0, timeout=BOUND))
+        )
+        waiter.start()
+        with _collection(mongolock_url, mongolock_database) as locks:
+            deadline = time.monotonic() + BOUND
+            while not _line(locks, "handoff-line"):
+                assert time.monotonic() < deadline, "the waiter never joined the line"
+                time.sleep(0.02)
+            before = len(_writes(manager.recorder, mongolock_database))
+            assert lock.release() is True
+            sent = _writes(manager.recorder, mongolock_database)[before:]
+            doc = locks.find_one({"_id": "handoff-line"})
+        # The small write matched nothing (somebody waits); the second handed the lock.
+        assert [s.name for s in sent] == ["update", "update"]
+        assert doc is not None
+        assert doc["owner"] not in (None, lock.owner)
+        assert doc["token"] > lock.token
+        waiter.join(BOUND)
+        assert got
+        assert got[0].owner == doc["owner"]
+        assert got[0].token == doc["token"]
+        got[0].release()
+    finally:
+        manager.close()

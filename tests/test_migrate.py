@@ -13,7 +13,9 @@ from django_mongolock.queries import (
     KEY_INDEX,
     PROCESS_TTL_INDEX,
     TTL_INDEX,
+    plan_locks,
 )
+from django_mongolock.queries.indexes import SHARDED_KEY_DESC
 from tests.utils import run_command
 
 
@@ -43,7 +45,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("created") == 5
+    assert out.count("created") == 6
     indexes = _indexes()
     assert indexes[KEY_INDEX]["unique"] is True
     assert indexes[KEY_INDEX]["key"] == [("key", 1)]
@@ -51,7 +53,7 @@ def test_fresh_then_repeated(mongolock_settings: dict[str, Any]) -> None:
 
     out, err, code = run_command("migrate_mongolock")
     assert (code, err) == (0, "")
-    assert out.count("unchanged") == 5
+    assert out.count("unchanged") == 6
     assert "created" not in out
     assert run_command("migrate_mongolock", "--check")[2] == 0
 
@@ -104,6 +106,7 @@ def test_heartbeat_and_audit_indexes(mongolock_settings: dict[str, Any]) -> None
     assert _row(out, ".processes: TTL index on alive_until (expireAfterSeconds=600)") == ("created")
     assert _row(out, ".audit: TTL index on at (expireAfterSeconds=600)") == "created"
     assert _row(out, ".audit: index on key, at") == "created"
+    assert _row(out, ".requests: TTL index on expires_at (expireAfterSeconds=0)") == "created"
     assert _side_ttls() == (600, 600)
     assert locks.store.audit.index_information()[AUDIT_KEY_INDEX]["key"] == [
         ("key", 1),
@@ -129,7 +132,7 @@ def test_audit_retention_of_its_own(
     assert _side_ttls() == (600, 86400 * 90)
     assert locks.store.audit.count_documents({}) == 1  # updated in place: records kept
     out, _, code = run_command("migrate_mongolock")
-    assert (code, out.count("unchanged")) == (0, 5)
+    assert (code, out.count("unchanged")) == (0, 6)
 
 
 def test_audit_retention_is_checked(
@@ -141,3 +144,16 @@ def test_audit_retention_is_checked(
     assert "AUDIT_RETENTION" in err
     problems = {problem.id: problem.msg for problem in conf.settings_problems()}
     assert "MONGOLOCK['AUDIT_RETENTION'] must be None or a whole number" in problems["E014"]
+
+
+def test_a_sharded_collection_needs_no_unique_index_on_key() -> None:
+    """Sharded on ``_id`` (see docs/scaling.md), a unique index on ``key`` would be refused
+    by the cluster; ``_id`` is the key and stays unique. The TTL index is still planned."""
+    plan = plan_locks(600, {}, sharded=True)
+    assert [(a.name, a.action) for a in plan] == [(KEY_INDEX, "unchanged"), (TTL_INDEX, "missing")]
+    assert plan[0].description == SHARDED_KEY_DESC
+    # A key index made before the collection was sharded is left as it is.
+    kept = plan_locks(600, {KEY_INDEX: {"key": [("key", 1)], "unique": True}}, sharded=True)
+    assert kept[0].description == "unique index on key"
+    # On a replica set the index is wanted.
+    assert plan_locks(600, {})[0].action == "missing"

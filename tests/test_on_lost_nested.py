@@ -31,6 +31,7 @@ def _force_release_when(manager: LockManager, key: str, ready: threading.Event) 
 def test_the_outer_calls_loss_stops_it_through_an_inner_call(
     manager: LockManager, other: LockManager
 ) -> None:
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a shell's background job
     ran: list[str] = []
     inner_started = threading.Event()
     outer_lock: list[Lock] = []
@@ -57,7 +58,7 @@ def test_the_outer_calls_loss_stops_it_through_an_inner_call(
     assert (caught.value.key, caught.value.token) == ("nest-outer", outer_lock[0].token)
     assert ran == []
     assert manager.status("nest-inner") is None  # the inner call let its lock go
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_command_whose_lock_is_lost_in_a_nested_call_exits_76(

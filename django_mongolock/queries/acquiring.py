@@ -341,9 +341,8 @@ def refused(
 
 def _ended(key: str, owner: str, expires_at: datetime) -> LockNotAcquired:
     """The acquisition ``owner`` took a lease whose end passed before its reply arrived."""
-    error = LockNotAcquired(key)
-    error.args = (
-        f"lock {key!r}: the lease acquisition {owner} took ended at "
+    return LockNotAcquired(
+        key,
+        detail=f"lock {key!r}: the lease acquisition {owner} took ended at "
         f"{expires_at.isoformat()} (server time) before its reply came back; acquire again",
     )
-    return error

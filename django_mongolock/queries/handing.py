@@ -20,7 +20,7 @@ from django_mongolock.queries.common import (
     PLACE_GRACE_MS,
 )
 
-__all__ = ["FREED", "RELEASED_AT", "ended_with", "release_stage", "shortened"]
+__all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", "shortened"]
 
 
 # A release marks the document freed (the watcher wakes waiters on it) and shortens every
@@ -53,6 +53,27 @@ def ended_with(owner: Any) -> dict[str, Any]:
     return {"$slice": [{"$concatArrays": [[owner], ENDED]}, ENDED_KEEP]}
 
 
+def _freed(places: Any) -> dict[str, Any]:
+    return {
+        "$mergeObjects": [
+            "$$ROOT",
+            {
+                "owner": None,
+                "released_at": RELEASED_AT,
+                "waiters": shortened(places),
+                "expires_at": "$$NOW",
+                "ended": ended_with("$owner"),
+            },
+        ]
+    }
+
+
+def free_stage() -> dict[str, Any]:
+    """The release stage of a lock whose filter found nobody to hand it to: a live
+    lease is freed, an ended one left as it is."""
+    return {"$replaceWith": {"$cond": [LIVE, _freed(LIVE_WAITERS), "$$ROOT"]}}
+
+
 def release_stage(owner_matches: Any) -> dict[str, Any]:
     """The release stage: free the document, or hand it to the first waiter in line.
 
@@ -64,18 +85,7 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
     of its own. Otherwise (nobody in line, or a shared reader first) the key is freed and
     the waiters try again, as before.
     """
-    freed = {
-        "$mergeObjects": [
-            "$$ROOT",
-            {
-                "owner": None,
-                "released_at": RELEASED_AT,
-                "waiters": shortened("$$q"),
-                "expires_at": "$$NOW",
-                "ended": ended_with("$owner"),
-            },
-        ]
-    }
+    freed = _freed("$$q")
     handed = {
         "$mergeObjects": [
             "$$ROOT",

@@ -18,6 +18,7 @@ __all__ = [
     "AUDIT_TTL_INDEX",
     "KEY_INDEX",
     "PROCESS_TTL_INDEX",
+    "SHARDED_KEY_DESC",
     "TTL_INDEX",
     "TTLIndex",
     "plan_keyed",
@@ -31,6 +32,9 @@ TTL_INDEX: Final = "expires_at_ttl"
 PROCESS_TTL_INDEX: Final = "alive_until_ttl"
 AUDIT_TTL_INDEX: Final = "at_ttl"
 AUDIT_KEY_INDEX: Final = "key_at"
+# What stands for the unique key index through mongos: the _id index (the shard key's once
+# the collection is sharded as docs/scaling.md says).
+SHARDED_KEY_DESC: Final = "unique key: _id (no index on key through mongos)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +56,22 @@ class TTLIndex:
         return IndexAction(self.name, desc, "unchanged")
 
 
-def plan_locks(retention: int, existing: Mapping[str, Any]) -> list[IndexAction]:
-    """The lock collection's unique key index and its TTL index on ``expires_at``."""
+def plan_locks(
+    retention: int, existing: Mapping[str, Any], *, sharded: bool = False
+) -> list[IndexAction]:
+    """The lock collection's unique key index and its TTL index on ``expires_at``.
+
+    On a sharded cluster the unique index on ``key`` is not made: a unique index that
+    does not start with the shard key (``_id``) is refused there, and it adds nothing,
+    since a lock's ``_id`` is its key and the shard key keeps ``_id`` unique cluster-wide.
+    """
     key_desc = "unique index on key"
     ttl_desc = f"TTL index on expires_at (expireAfterSeconds={retention})"
     plan = []
     key_index = existing.get(KEY_INDEX)
-    if key_index is None:
+    if key_index is None and sharded:
+        plan.append(IndexAction(KEY_INDEX, SHARDED_KEY_DESC, "unchanged"))
+    elif key_index is None:
         plan.append(IndexAction(KEY_INDEX, key_desc, "missing"))
     else:
         plan.append(IndexAction(KEY_INDEX, key_desc, "unchanged"))

@@ -24,6 +24,7 @@ from django_mongolock.queries.common import (
 from django_mongolock.queries.handing import (
     FREED,
     ended_with,
+    free_stage,
     release_stage,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "Release",
     "Update",
     "give_up",
+    "handing_release",
     "leave",
     "leave_queue",
     "live_shared_owners",
@@ -204,16 +206,28 @@ def live_shared_owners(docs: Iterable[Mapping[str, Any]], owners: Set[str]) -> s
 
 
 def release(key: str, owner: str, token: int) -> Release:
-    """Give up an exclusive lock in one round trip: hand it to the first waiter in line
-    (see ``_released``), or free its document in place.
+    """Give up an exclusive lock nobody waits for: free its document in place.
 
-    The document stays (without an owner it is no lock, and the TTL index purges it
-    ``RETENTION`` seconds later), so the line of waiters survives the release, the next
-    acquisition of the key is an update rather than an insert, and the stored token
-    keeps counting. The filter on owner and token means a release can never touch
-    somebody else's lock. A lease that has already ended is left as it is: it is free
-    already, and the unmodified document tells the caller that it was no longer held.
+    The filter adds "no waiter the lock could be handed to" to the holder's owner and
+    token, so this write stays as small as the lock's only write on the uncontended path.
+    When it changes nothing (somebody waits, or the lease is over), ``handing_release``
+    decides in a second write. The document stays (without an owner it is no lock, and
+    the TTL index purges it ``RETENTION`` seconds later), so the line of waiters
+    survives the release, the next acquisition of the key is an update rather than an
+    insert, and the stored token keeps counting. The filter on owner and token means a
+    release can never touch somebody else's lock. A lease that has already ended is left
+    as it is: it is free already, and the unmodified document tells the caller that it
+    was no longer held.
     """
+    return Release(
+        {"_id": key, "owner": owner, "token": token, "waiters.hand": {"$ne": True}},
+        list(FREE_PIPELINE),
+    )
+
+
+def handing_release(key: str, owner: str, token: int) -> Release:
+    """Give up an exclusive lock: hand it to the first waiter in line (see
+    ``handing.release_stage``), or free it when nobody in line can take it so."""
     return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
 
 
@@ -230,9 +244,11 @@ def give_up(key: str, owner: str, *, shared: bool) -> Release:
     return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
 
 
-# The one release pipeline of every exclusive lock (also applied in bulk at exit): the
+# The release pipeline of every exclusive lock (also applied in bulk at exit): the
 # filter names the holder, so the owner needs no second test.
 RELEASE_PIPELINE: Final = (RawBSONDocument(bson.encode(release_stage(True))),)
+# The release of a lock no waiter can be handed: its filter says so, and it only frees.
+FREE_PIPELINE: Final = (RawBSONDocument(bson.encode(free_stage())),)
 
 
 def leave(key: str, owner: str) -> Release:

@@ -104,6 +104,9 @@ class Election:
         with self._mutex:
             if self._active.is_set():
                 return
+            # Campaign through the manager the settings describe now, when given the lazy
+            # default one: its refresher lane, its signals, its locks.
+            self._manager = self._manager._resolved()
             self._active.set()
         get_refresher().add_election(self)
 
@@ -172,7 +175,7 @@ class Election:
         term ends unannounced, with neither callback, and the election campaigns again.
         """
         try:
-            acquiring.announce(self._manager, lock)
+            acquiring.announce(lock)
         except BaseException:
             with self._mutex:
                 if self._lock is lock:

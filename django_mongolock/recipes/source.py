@@ -24,6 +24,8 @@ class LockSource(acquiring.Source, Protocol):
 
     def new_owner(self) -> str: ...
 
+    def _resolved(self) -> LockSource: ...
+
     def acquire(
         self,
         key: str,

@@ -9,7 +9,8 @@ each method here sends one and reads its reply:
 
 - ``holder``: acquire, refresh, release (alone or in bulk);
 - ``operator``: find, list, count, force release, the lock collection's indexes;
-- ``records``: process heartbeats and the audit trail, with their indexes.
+- ``records``: process heartbeats, the audit trail and the run requests of
+  ``on_busy="coalesce"``, with their indexes.
 """
 
 from __future__ import annotations

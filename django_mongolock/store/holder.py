@@ -125,14 +125,20 @@ class HolderQueries(StoreBase):
                 doc = self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
         with self._translate:
-            command = queries.release(key, owner, token).command(self.collection.name)
-            reply, retried = self._send(command)
-            if reply["nModified"] or not retried:
-                return bool(reply["nModified"])
-            # Sent twice and the second changed nothing: the first freed the document
-            # (or handed it on) if the document records this owner's release.
-            freed = queries.still_freed(key, owner)
-            return self.collection.find_one(freed, projection={"_id": 1}) is not None
+            # Nobody in line to hand it to (the common case): one small write. Else, or
+            # when that matched nothing, the write that hands it on decides.
+            for release in (queries.release, queries.handing_release):
+                reply, retried = self._send(
+                    release(key, owner, token).command(self.collection.name)
+                )
+                if reply["nModified"]:
+                    return True
+                # Sent twice and the second changed nothing: the first freed the
+                # document (or handed it on) if the document records this owner's release.
+                freed = queries.still_freed(key, owner)
+                if retried and self.collection.find_one(freed, projection={"_id": 1}):
+                    return True
+            return False
 
     def refresh_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
         """Extend every live lease in ``held`` (key, owner, token) in one write.

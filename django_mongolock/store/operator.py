@@ -72,13 +72,15 @@ class OperatorQueries(StoreBase):
 
     # -- indexes -----------------------------------------------------------------------------
 
-    def check_indexes(self, retention: int) -> list[IndexAction]:
-        """Compare the indexes with what ``ensure_indexes`` would make; nothing is changed."""
-        return queries.plan_locks(retention, self._index_information(self.collection))
+    def check_indexes(self, retention: int, *, sharded: bool) -> list[IndexAction]:
+        """Compare the indexes with what ``ensure_indexes`` would make; nothing is changed.
+        ``sharded``: through ``mongos``, where no unique index on ``key`` is wanted."""
+        existing = self._index_information(self.collection)
+        return queries.plan_locks(retention, existing, sharded=sharded)
 
-    def ensure_indexes(self, retention: int) -> list[IndexAction]:
+    def ensure_indexes(self, retention: int, *, sharded: bool) -> list[IndexAction]:
         """Create the unique key index and the TTL index, or bring the TTL in line; idempotent."""
-        plan = self.check_indexes(retention)
+        plan = self.check_indexes(retention, sharded=sharded)
         done: list[IndexAction] = []
         with self._translate:
             for item in plan:

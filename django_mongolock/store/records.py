@@ -1,5 +1,6 @@
-"""The side collections: process heartbeats (is a holder alive?) and the audit trail of
-force releases, with the transaction that releases a lock and records it together."""
+"""The side collections: process heartbeats (is a holder alive?), the audit trail of
+force releases (with the transaction that releases a lock and records it together), and
+the run requests of ``on_busy="coalesce"``."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import pymongo
 from pymongo import ASCENDING, DESCENDING
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from django_mongolock import mongo, queries
 from django_mongolock.info import AuditEntry, IndexAction, LockInfo, process_of
+from django_mongolock.queries import requests as run_requests
 from django_mongolock.store.base import StoreBase
 
 __all__ = ["RecordQueries"]
 
 # How often a force release's transaction runs at most (conflicts, lost replies).
 _TRANSACTION_ATTEMPTS: Final = 5
+_UNAUTHORIZED: Final = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,65 @@ class RecordQueries(StoreBase):
     def audit(self) -> Collection[Any]:
         """The record of force releases (who, when, key, owner, token, reason)."""
         return self._side("audit")
+
+    @property
+    def requests(self) -> Collection[Any]:
+        """Run requests of ``on_busy="coalesce"``, one document per key."""
+        return self._side("requests")
+
+    def add_request(self, key: str) -> int:
+        """Record one request for a run of ``key`` (durable once this returns); its number,
+        which a run has covered once ``served`` reaches it."""
+        with self._translate:
+            found = self.requests.find_one_and_update(
+                {"_id": key},
+                run_requests.add_request(),
+                {"requested": 1},
+                upsert=True,
+                return_document=pymongo.ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returns the document after it
+        return int(found["requested"])
+
+    def requested(self, key: str) -> run_requests.RequestCount:
+        """The counts of ``key`` as a run starting now sees them; keeps the document from
+        the TTL monitor for ``IDLE_EXPIRY`` (read while holding the lock)."""
+        with self._translate:
+            found = self.requests.find_one_and_update(
+                {"_id": key},
+                run_requests.start_run(),
+                {"requested": 1, "served": 1},
+                upsert=True,
+                return_document=pymongo.ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returns the document after it
+        return run_requests.RequestCount(int(found["requested"]), int(found["served"]))
+
+    def serve_requests(self, key: str, covered: int) -> None:
+        """A run that started when ``requested(key)`` counted ``covered`` has finished."""
+        if covered > 0:
+            with self._translate:
+                self.requests.update_one(*run_requests.served(key, covered))
+
+    def request_pending(self, key: str) -> bool:
+        """Whether a request of ``key`` came in that no finished run has covered."""
+        with self._translate:
+            found = self.requests.find_one(run_requests.pending_request(key), {"_id": 1})
+        return found is not None
+
+    def ensure_requests_index(self) -> bool:
+        """The run requests' TTL index alone, as their first use creates it; False when the
+        user may not create indexes (requests are kept and served all the same)."""
+        with self._translate:
+            try:
+                self.requests.create_index(
+                    "expires_at", expireAfterSeconds=0, name=run_requests.REQUESTS_TTL_INDEX
+                )
+            except OperationFailure as exc:
+                if exc.code != _UNAUTHORIZED:
+                    raise
+                return False
+        return True
 
     def heartbeat(self, process_ids: Iterable[str], interval: float) -> None:
         """Record, by server time, that these processes are alive and tick every ``interval``.
@@ -143,6 +205,10 @@ class RecordQueries(StoreBase):
             _SideTTL(
                 self.audit,
                 queries.TTLIndex(queries.AUDIT_TTL_INDEX, "at", audit_retention, "audit trail"),
+            ),
+            _SideTTL(
+                self.requests,
+                queries.TTLIndex(run_requests.REQUESTS_TTL_INDEX, "expires_at", 0, "run requests"),
             ),
         ]
         plan: list[tuple[_SideTTL | None, IndexAction]] = []

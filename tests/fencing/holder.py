@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ def _sql_writer(config: dict[str, Any]) -> Callable[[Any, str], int]:
 
 def _mongo_writer(config: dict[str, Any]) -> Callable[[Any, str], int]:
     from pymongo import MongoClient
+    from pymongo.errors import AutoReconnect
     from pymongo.write_concern import WriteConcern
 
     from django_mongolock.fencing import fenced_update_one
@@ -54,10 +56,21 @@ def _mongo_writer(config: dict[str, Any]) -> Callable[[Any, str], int]:
     )
 
     def write(lock: Any, body: str) -> int:
-        result = fenced_update_one(
-            collection, {"_id": config["name"]}, {"$set": {"body": body}}, lock, upsert=True
-        )
-        return result.modified_count + (result.upserted_id is not None)
+        # A holder woken from a long pause may first reach a server that is no longer
+        # primary (its view of the set is stale): it sends the write again, as an
+        # application would. The write is guarded by the fence, so sending it twice is safe.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                result = fenced_update_one(
+                    collection, {"_id": config["name"]}, {"$set": {"body": body}}, lock, upsert=True
+                )
+            except AutoReconnect:  # NotPrimaryError included
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            return result.modified_count + (result.upserted_id is not None)
 
     return write
 

@@ -61,8 +61,8 @@ class HolderProcess:
         os.kill(self.process.pid, signal.SIGCONT)
 
     def close(self) -> None:
-        self.resume()
-        if self.process.poll() is None:
+        if self.process.poll() is None:  # a holder that ended (and was reaped) is not signalled
+            self.resume()
             assert self.process.stdin is not None
             self.process.stdin.close()
             try:

@@ -217,7 +217,12 @@ class Rpc:
 
     def wait_lost(self, name: str, timeout: float) -> dict[str, Any]:
         lock = self.locks[name]
+        deadline = now() + timeout
         lost = lock.lost.wait(timeout)
+        # The flag comes first; on_lost, which notes the time, runs just after on a notice
+        # worker: wait for it too, within the same bound.
+        while lost and name not in self.lost_at and now() < deadline:
+            time.sleep(0.005)
         return {"lost": lost, "at": self.lost_at.get(name), "now": now(), **_view(lock)}
 
     def hold(self, name: str, seconds: float, every: float = 0.05) -> dict[str, Any]:
@@ -261,7 +266,15 @@ def _view(lock: Lock) -> dict[str, Any]:
 
 
 def run_rpc(config: dict[str, Any], out: Output) -> int:
-    rpc = Rpc(config, out)
+    return answer(Rpc(config, out), out)
+
+
+def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
+    """Run the test's commands on ``rpc``, one JSON line each on stdin, until ``exit``.
+
+    A command's error ends the agent (the test sees it crash), or with ``report_errors`` is
+    sent back as the reply, for tests that expect some commands to fail.
+    """
     out.emit({"event": "ready", "pid": os.getpid()})
     try:
         for line in sys.stdin:
@@ -271,8 +284,13 @@ def run_rpc(config: dict[str, Any], out: Output) -> int:
             if op == "exit":
                 out.emit({"reply": seq})
                 break
-            handler = getattr(rpc, op)
-            out.emit({"reply": seq, **handler(**request)})
+            try:
+                reply = getattr(rpc, op)(**request)
+            except Exception as exc:
+                if not report_errors:
+                    raise
+                reply = {"ok": False, **_error(exc), "traceback": traceback.format_exc()}
+            out.emit({"reply": seq, **reply})
     finally:
         rpc.close()
     return 0
@@ -441,14 +459,19 @@ ROLES: dict[str, Callable[[dict[str, Any], Output], int]] = {
 }
 
 
-def main(argv: list[str]) -> int:
+def serve(roles: dict[str, Callable[[dict[str, Any], Output], int]], argv: list[str]) -> int:
+    """Run the role named by ``argv[0]`` with the JSON config of ``argv[1]``; report a crash."""
     role, config = argv[0], json.loads(argv[1])
     out = Output(sys.stdout)
     try:
-        return ROLES[role](config, out)
+        return roles[role](config, out)
     except BaseException as exc:
         out.emit({"event": "crash", **_error(exc), "traceback": traceback.format_exc()})
         raise
+
+
+def main(argv: list[str]) -> int:
+    return serve(ROLES, argv)
 
 
 if __name__ == "__main__":

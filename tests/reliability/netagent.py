@@ -11,19 +11,17 @@ can put the reports of several processes on one timeline.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from django_mongolock import Election, Lock, LockLost, LockManager, LockNotAcquired, MongoLockError
 from django_mongolock.signals import lock_acquired, lock_lost
-from tests.reliability.agents import Output, _error
+from tests.reliability.agents import Output, _error, answer, serve
 
 __all__ = ["main"]
 
@@ -211,24 +209,7 @@ class Rpc:
 
 
 def run_rpc(config: dict[str, Any], out: Output) -> int:
-    rpc = Rpc(config, out)
-    out.emit({"event": "ready", "pid": os.getpid()})
-    try:
-        for line in sys.stdin:
-            request = json.loads(line)
-            op = request.pop("op")
-            seq = request.pop("seq")
-            if op == "exit":
-                out.emit({"reply": seq})
-                break
-            try:
-                reply = getattr(rpc, op)(**request)
-            except Exception as exc:  # reported to the test, which fails on it
-                reply = {"ok": False, **_error(exc), "traceback": traceback.format_exc()}
-            out.emit({"reply": seq, **reply})
-    finally:
-        rpc.close()
-    return 0
+    return answer(Rpc(config, out), out, report_errors=True)
 
 
 # -- worker: take one key again and again --------------------------------------------------------
@@ -277,7 +258,7 @@ def run_worker(config: dict[str, Any], out: Output) -> int:
                 continue
             acquired = {"event": "acquired", "token": lock.token, "sent": sent, "done": now()}
             out.emit({**acquired, "deadline": lock.deadline})
-            lost = lock.lost.wait(rng.uniform(0.3, config["hold"]))
+            lost = lock.lost.wait(rng.uniform(config.get("hold_min", 0.3), config["hold"]))
             sent = now()
             released: dict[str, Any] = {"event": "released", "token": lock.token, "lost": lost}
             try:
@@ -297,13 +278,7 @@ ROLES: dict[str, Callable[[dict[str, Any], Output], int]] = {"rpc": run_rpc, "wo
 
 
 def main(argv: list[str]) -> int:
-    role, config = argv[0], json.loads(argv[1])
-    out = Output(sys.stdout)
-    try:
-        return ROLES[role](config, out)
-    except BaseException as exc:
-        out.emit({"event": "crash", **_error(exc), "traceback": traceback.format_exc()})
-        raise
+    return serve(ROLES, argv)
 
 
 if __name__ == "__main__":

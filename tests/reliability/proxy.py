@@ -299,7 +299,7 @@ class TcpProxy:
 # -- who opened a connection ----------------------------------------------------------------------
 
 
-def _socket_inode(port: int, remote: int) -> int | None:
+def socket_inode(port: int, remote: int) -> int | None:
     """The inode of the open loopback socket from local ``port`` to ``remote`` (/proc/net/tcp).
 
     Both ends are matched, and closed sockets (inode 0, such as TIME_WAIT ones) skipped: a
@@ -321,7 +321,7 @@ def _socket_inode(port: int, remote: int) -> int | None:
 def pid_of_peer(port: int, remote: int, candidates: Iterable[int]) -> int | None:
     """The pid, among ``candidates``, of the process whose socket goes from ``port`` to
     ``remote`` on 127.0.0.1, or None."""
-    inode = _socket_inode(port, remote)
+    inode = socket_inode(port, remote)
     if inode is None:
         return None
     target = f"socket:[{inode}]"

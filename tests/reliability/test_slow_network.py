@@ -97,7 +97,16 @@ def test_no_two_holders_and_no_hang_on_a_slow_flapping_or_half_open_link(
         "sst": SST,
         "acquire_timeout": ACQUIRE_TIMEOUT,
     }
-    far = {**config, "url": proxy.direct_url, "name": "far", "seed": seed, "hold": 3 * TTL}
+    # The far worker holds each lock for 2.5 to 3 leases, so that a fault that starts
+    # within a lease of its acquisition finds it still holding: every fault bites.
+    far = {
+        **config,
+        "url": proxy.direct_url,
+        "name": "far",
+        "seed": seed,
+        "hold": 3 * TTL,
+        "hold_min": 2.5 * TTL,
+    }
     near = {**config, "url": lone.url, "name": "near", "seed": seed + 1, "hold": 1.0}
     workers = {"far": net_spawn("worker", far, name="far")}
     workers["far"].event("ready", 60)

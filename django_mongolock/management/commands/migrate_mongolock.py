@@ -10,20 +10,22 @@ from django_mongolock import conf
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.exitcodes import EXIT_CHECK_FAILED, EXIT_ERROR
 from django_mongolock.queries import AUDIT_KEY_INDEX, AUDIT_TTL_INDEX, PROCESS_TTL_INDEX
+from django_mongolock.queries.requests import REQUESTS_TTL_INDEX
 from django_mongolock.terminal import printable
 
-# The heartbeat and audit collections' indexes, by name: the collection they belong to.
+# The side collections' indexes, by name: the collection they belong to.
 _SUFFIXES: Final = {
     PROCESS_TTL_INDEX: ".processes",
     AUDIT_TTL_INDEX: ".audit",
     AUDIT_KEY_INDEX: ".audit",
+    REQUESTS_TTL_INDEX: ".requests",
 }
 
 
 def _plain(description: str) -> str:
-    """An index's description without the "heartbeats: " or "audit trail: " label."""
+    """An index's description without its side collection's label ("heartbeats: ", ...)."""
     label, sep, rest = description.partition(": ")
-    return rest if sep and label in ("heartbeats", "audit trail") else description
+    return rest if sep and label in ("heartbeats", "audit trail", "run requests") else description
 
 
 class Command(BaseCommand):
@@ -32,8 +34,9 @@ class Command(BaseCommand):
         "lock documents RETENTION seconds after they expire, and the indexes of the "
         "heartbeat (<collection>.processes, purged RETENTION seconds after a process "
         "stops) and audit (<collection>.audit, purged AUDIT_RETENTION seconds after a "
-        "force release) collections. Idempotent; updates a TTL in place when its "
-        "setting changed. With --check, changes nothing and exits 1 when something is "
+        "force release) collections, and the TTL index of the run requests of "
+        'on_busy="coalesce" (<collection>.requests). Idempotent; updates a TTL in place '
+        "when its setting changed. With --check, changes nothing and exits 1 when something is "
         "missing or out of date (for deploy pipelines)."
     )
     requires_system_checks: list[str] = []
@@ -50,7 +53,7 @@ class Command(BaseCommand):
         try:
             manager = conf.get_manager()  # invalid settings: a message, not a traceback
             kind = manager.server_kind()
-            plan = manager.check_indexes() if check else manager.ensure_indexes()
+            plan = manager.check_indexes(kind=kind) if check else manager.ensure_indexes(kind=kind)
         except MongoLockError as exc:
             raise CommandError(str(exc), returncode=EXIT_ERROR) from exc
         base = f"{manager.database}.{manager.collection}"

@@ -1,0 +1,213 @@
+"""Prometheus metrics of this process's locks (``pip install django-mongolock[prometheus]``).
+
+``install()`` subscribes one observer to ``django_mongolock.events`` and registers the
+metrics below in a ``prometheus_client`` registry (the default one, which
+django-prometheus and ``prometheus_client.start_http_server`` export). Labels stay
+bounded: outcome, mode, reason; the key becomes a label only through ``key_label``, a
+function the caller gives that maps a key to one of few values (a key's prefix, say).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from django_mongolock import events
+
+__all__ = ["LockMetrics", "install", "uninstall"]
+
+# Waits run from one round trip to the caller's timeout; holds from milliseconds to hours.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14400)
+TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class LockMetrics:
+    """The metrics and the observer that updates them; ``close()`` unsubscribes it."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = REGISTRY,
+        *,
+        key_label: Callable[[str], str] | None = None,
+        namespace: str = "mongolock",
+    ) -> None:
+        if key_label is not None and not callable(key_label):
+            raise TypeError(f"key_label must be callable, not {type(key_label).__name__}")
+        if not isinstance(namespace, str) or not namespace.isidentifier():
+            raise ValueError(f"namespace must be an identifier, not {namespace!r}")
+        self.key_label = key_label
+        keyed = ("key",) if key_label is not None else ()
+        self.acquisitions = Counter(
+            "acquisitions",
+            "Calls to acquire that ended, by outcome (acquired, busy, timeout, error, cancelled).",
+            ("outcome", "mode", *keyed),
+            namespace=namespace,
+            registry=registry,
+        )
+        self.releases = Counter(
+            "releases",
+            "Locks released by their holder.",
+            ("mode", *keyed),
+            namespace=namespace,
+            registry=registry,
+        )
+        self.losses = Counter(
+            "losses",
+            "Locks their holder lost, by reason "
+            "(expired, force-released, server-unreachable, refresh-failed).",
+            ("reason", *keyed),
+            namespace=namespace,
+            registry=registry,
+        )
+        self.handoffs = Counter(
+            "handoffs",
+            "Locks handed from a holder to the next waiter.",
+            keyed,
+            namespace=namespace,
+            registry=registry,
+        )
+        self.refresh_failures = Counter(
+            "refresh_failures",
+            "Refresher ticks whose write did not reach the server.",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.acquire_wait = Histogram(
+            "acquire_wait_seconds",
+            "Time from a call to acquire until it returned or raised, by outcome.",
+            ("outcome", *keyed),
+            buckets=WAIT_BUCKETS,
+            namespace=namespace,
+            registry=registry,
+        )
+        self.hold = Histogram(
+            "hold_seconds",
+            "Time from acquiring a lock to its release or loss.",
+            keyed,
+            buckets=HOLD_BUCKETS,
+            namespace=namespace,
+            registry=registry,
+        )
+        self.tick = Histogram(
+            "refresh_tick_seconds",
+            "Duration of one refresher tick (the refresh and heartbeat writes).",
+            buckets=TICK_BUCKETS,
+            namespace=namespace,
+            registry=registry,
+        )
+        self.lag = Histogram(
+            "refresh_lag_seconds",
+            "How late a refresher tick started after its due time.",
+            buckets=TICK_BUCKETS,
+            namespace=namespace,
+            registry=registry,
+        )
+        self.held = Gauge(
+            "held_locks",
+            "Locks held in this process (taken since install).",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.held.set_function(events.held_count)
+        self.waiting = Gauge(
+            "waiting_acquisitions",
+            "Calls to acquire under way in this process (waiting or in flight).",
+            namespace=namespace,
+            registry=registry,
+        )
+        self.waiting.set_function(events.waiting_count)
+        self._registry = registry
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._unsubscribe: Callable[[], None] | None = events.subscribe(self.observe)
+
+    def _keyed(self, key: str) -> tuple[str, ...]:
+        return () if self.key_label is None else (str(self.key_label(key)),)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: the label sets are few, and
+        ``labels()`` validates and locks on every call."""
+        found = self._children.get((metric, labels))
+        if found is None:
+            found = self._children[metric, labels] = metric.labels(*labels) if labels else metric
+        return found
+
+    def observe(self, event: events.Event) -> None:
+        """Update the metrics for one event (the observer ``install`` subscribes)."""
+        if isinstance(event, events.AcquireFinished):
+            keyed = self._keyed(event.key)
+            mode = "shared" if event.shared else "exclusive"
+            self._child(self.acquisitions, event.outcome, mode, *keyed).inc()
+            self._child(self.acquire_wait, event.outcome, *keyed).observe(event.waited)
+        elif isinstance(event, events.Released):
+            keyed = self._keyed(event.lock.key)
+            mode = "shared" if event.lock.shared else "exclusive"
+            self._child(self.releases, mode, *keyed).inc()
+            if event.held_for is not None:
+                self._child(self.hold, *keyed).observe(event.held_for)
+        elif isinstance(event, events.Lost):
+            keyed = self._keyed(event.lock.key)
+            self._child(self.losses, event.reason, *keyed).inc()
+            if event.held_for is not None:
+                self._child(self.hold, *keyed).observe(event.held_for)
+        elif isinstance(event, events.RefresherTick):
+            self.tick.observe(event.duration)
+            self.lag.observe(event.lag)
+            if not event.ok:
+                self.refresh_failures.inc()
+        else:
+            self._child(self.handoffs, *self._keyed(event.key)).inc()
+
+    def close(self) -> None:
+        """Stop observing and take the metrics out of their registry."""
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is None:
+            return
+        unsubscribe()
+        if self._registry is not None:
+            for metric in (
+                self.acquisitions,
+                self.releases,
+                self.losses,
+                self.handoffs,
+                self.refresh_failures,
+                self.acquire_wait,
+                self.hold,
+                self.tick,
+                self.lag,
+                self.held,
+                self.waiting,
+            ):
+                self._registry.unregister(metric)
+
+
+_installed: LockMetrics | None = None
+_mutex = threading.Lock()
+
+
+def install(
+    registry: CollectorRegistry | None = REGISTRY,
+    *,
+    key_label: Callable[[str], str] | None = None,
+) -> LockMetrics:
+    """Export this process's lock metrics (once: a second call returns the same metrics).
+
+    Call it at start-up, e.g. in an ``AppConfig.ready()`` or a WSGI/ASGI module.
+    """
+    global _installed
+    with _mutex:
+        if _installed is None:
+            _installed = LockMetrics(registry, key_label=key_label)
+        return _installed
+
+
+def uninstall() -> None:
+    """Undo ``install()`` (tests, reloads)."""
+    global _installed
+    with _mutex:
+        metrics, _installed = _installed, None
+    if metrics is not None:
+        metrics.close()

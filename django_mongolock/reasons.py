@@ -1,0 +1,76 @@
+"""Whether a lease that ended ended for want of a server: what the refresher lanes tell.
+
+A loss at the holder's deadline is "expired" when nobody refreshed the lease in time (a
+lock taken with ``refresh=False``, a stalled process), and "server-unreachable" when the
+refresher tried: its manager's last refresh could not reach the server, or a refresh of
+that very lease, sent before its end, still waits for an answer (the deadline watch fires
+before the write's own timeout is reported). Kept weakly per manager, so that a closed
+manager's state cannot pass to a new one, and forgotten in a forked child, whose parent's
+lanes do not run there.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["answered", "sent", "unanswered"]
+
+
+class _Sent:
+    """A refresh write waiting for its answer: when it was sent, and its leases (their ids
+    made into a set on the first loss that asks, so that ten thousand losses at once cost
+    one lookup each; the list keeps the leases, and so their ids, alive)."""
+
+    __slots__ = ("_ids", "leases", "sent_at")
+
+    def __init__(self, sent_at: float, leases: Sequence[object]) -> None:
+        self.sent_at = sent_at
+        self.leases = leases
+        self._ids: frozenset[int] | None = None
+
+    def holds(self, lease: object) -> bool:
+        if self._ids is None:
+            self._ids = frozenset(map(id, self.leases))
+        return id(lease) in self._ids
+
+
+# Managers whose last refresh could not reach the server, and each one's refresh write
+# that waits for its answer (one lane per manager: one write at a time).
+_failing: weakref.WeakSet[Any] = weakref.WeakSet()
+_refreshing: weakref.WeakKeyDictionary[Any, _Sent] = weakref.WeakKeyDictionary()
+
+
+def sent(source: object, sent_at: float, leases: Sequence[object]) -> None:
+    """A lane sent its refresh write for ``leases`` at ``sent_at`` (until ``answered``)."""
+    _refreshing[source] = _Sent(sent_at, leases)
+
+
+def answered(source: object, ok: bool) -> None:
+    """The lane's refresh write returned (``ok``) or could not reach the server."""
+    if ok:
+        _failing.discard(source)
+    else:
+        _failing.add(source)
+    _refreshing.pop(source, None)
+
+
+def unanswered(source: object, lease: object, deadline: float) -> bool:
+    """Whether ``lease``, ending at ``deadline``, ended for want of a server's answer."""
+    try:
+        if source in _failing:
+            return True
+        pending = _refreshing.get(source)
+    except TypeError:  # not weakly referenceable: no refresher lane sends for it
+        return False
+    return pending is not None and pending.sent_at < deadline and pending.holds(lease)
+
+
+def _forget_in_child() -> None:
+    _failing.clear()
+    _refreshing.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,1 @@
+"""Task functions run by real ``db_worker`` processes (tests/test_django_tasks_db.py)."""

@@ -1,0 +1,267 @@
+"""The in-process lock events, against the real replica set: what observers are told."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events, reasons
+from django_mongolock.notices import get_notices
+from django_mongolock.refresher import get_refresher
+
+
+@pytest.fixture
+def seen(only_listener: None) -> Iterator[list[events.Event]]:
+    got: list[events.Event] = []
+    unsubscribe = events.subscribe(got.append)
+    yield got
+    unsubscribe()
+
+
+def _of(seen: list[events.Event], kind: type[events.Event]) -> list[events.Event]:
+    return [e for e in seen if isinstance(e, kind)]
+
+
+def _losses(seen: list[events.Event], lock: object) -> list[events.Lost]:
+    """This test's lock's losses only: a lock an earlier test left to a closed manager
+    may be told lost during this test's tick."""
+    return [e for e in seen if isinstance(e, events.Lost) and e.lock is lock]
+
+
+def _wait_for_loss(seen: list[events.Event], lock: object) -> None:
+    """The deadline watch sets ``lost`` first, then posts the notices (and the event)."""
+    pause = threading.Event()
+    for _ in range(250):  # 5 s at most
+        if _losses(seen, lock) or pause.wait(0.02):
+            return
+
+
+def test_acquire_and_release_are_told(manager: LockManager, seen: list[events.Event]) -> None:
+    waiting = events.waiting_count()  # a waiter of an earlier test may still be waiting
+    lock = manager.acquire("ev-job", ttl=10)
+    assert events.held_count() == 1  # only_listener: no lock of an earlier test counts
+    assert lock.release()
+    mine = [e for e in seen if getattr(e, "lock", None) is lock]
+    acquired, released = mine
+    assert isinstance(acquired, events.AcquireFinished)
+    assert (acquired.key, acquired.owner, acquired.token, acquired.outcome) == (
+        "ev-job",
+        lock.owner,
+        lock.token,
+        "acquired",
+    )
+    assert acquired.lock is lock
+    assert acquired.source is manager
+    assert acquired.waited > 0
+    assert isinstance(released, events.Released)
+    assert released.lock is lock
+    assert released.held
+    assert released.held_for is not None
+    assert released.held_for >= 0
+    assert events.held_count() == 0
+    assert events.waiting_count() == waiting
+
+
+def test_busy_and_timeout_outcomes(
+    manager: LockManager, other: LockManager, seen: list[events.Event]
+) -> None:
+    holder = manager.acquire("ev-busy", ttl=30)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("ev-busy", blocking=False)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("ev-busy", timeout=0.2)
+    finished = [
+        e for e in _of(seen, events.AcquireFinished) if isinstance(e, events.AcquireFinished)
+    ]
+    assert [e.outcome for e in finished] == ["acquired", "busy", "timeout"]
+    assert finished[2].waited >= 0.2
+    assert finished[1].token is None
+    assert finished[1].lock is None
+    assert isinstance(finished[2].error, LockNotAcquired)
+    holder.release()
+
+
+def test_async_acquire_is_told(manager: LockManager, seen: list[events.Event]) -> None:
+    async def main() -> None:
+        lock = await manager.aacquire("ev-async", ttl=10)
+        await lock.arelease()
+
+    asyncio.run(main())
+    kinds = [type(e).__name__ for e in seen if not isinstance(e, events.RefresherTick)]
+    assert kinds == ["AcquireFinished", "Released"]
+
+
+def test_force_release_is_a_loss_with_its_reason(
+    manager: LockManager,
+    other: LockManager,
+    seen: list[events.Event],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lock = manager.acquire("ev-forced", ttl=30)
+    assert other.force_release("ev-forced") is not None
+    with caplog.at_level(logging.WARNING, "django_mongolock.lock"), pytest.raises(LockLost):
+        lock.refresh()
+    assert get_notices().drain(5.0)  # losses are told on a notice worker
+    (loss,) = _losses(seen, lock)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "force-released"
+    assert loss.lock is lock
+    assert loss.held_for is not None
+    (record,) = [
+        r
+        for r in caplog.records
+        if r.name == "django_mongolock.lock" and r.__dict__.get("key") == "ev-forced"
+    ]
+    assert record.__dict__["token"] == lock.token
+    assert record.__dict__["reason"] == "force-released"
+    assert not lock.release()
+    assert events.held_count() == 0
+
+
+def test_lapsed_lease_is_expired(manager: LockManager, seen: list[events.Event]) -> None:
+    lock = manager.acquire("ev-lapse", ttl=0.3, refresh=False)
+    assert lock.lost.wait(5)
+    _wait_for_loss(seen, lock)
+    (loss,) = _losses(seen, lock)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "expired"
+
+
+def test_refresher_tick_is_told(manager: LockManager, seen: list[events.Event]) -> None:
+    lock = manager.acquire("ev-tick", ttl=10)
+    get_refresher().tick()
+    assert get_notices().drain(5.0)  # ticks are told on a notice worker
+    ticks = [e for e in _of(seen, events.RefresherTick) if isinstance(e, events.RefresherTick)]
+    assert ticks
+    assert ticks[-1].source is manager
+    assert ticks[-1].ok
+    assert ticks[-1].leases >= 1
+    assert ticks[-1].duration >= 0
+    lock.release()
+
+
+def test_a_failing_observer_stops_nothing(manager: LockManager, seen: list[events.Event]) -> None:
+    def broken(event: events.Event) -> None:
+        raise RuntimeError("observer bug")
+
+    unsubscribe = events.subscribe(broken)
+    try:
+        with manager.acquire("ev-broken", ttl=10) as lock:
+            assert lock.valid
+    finally:
+        unsubscribe()
+    assert [type(e).__name__ for e in seen if not isinstance(e, events.RefresherTick)] == [
+        "AcquireFinished",
+        "Released",
+    ]
+
+
+def test_nobody_listening_is_told_nothing(manager: LockManager) -> None:
+    got: list[events.Event] = []
+    events.subscribe(got.append)()
+    manager.acquire("ev-quiet", ttl=10).release()
+    assert got == []
+    with pytest.raises(TypeError):
+        events.subscribe("not callable")  # type: ignore[arg-type]
+
+
+def test_a_closed_manager_loses_with_refresh_failed(
+    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+) -> None:
+    closing = LockManager(mongolock_url, database=manager.database, collection=manager.collection)
+    lock = closing.acquire("ev-closed", ttl=10)
+    closing.close()
+    get_refresher().tick()  # the lane finds its manager closed
+    assert lock.lost.is_set()
+    assert get_notices().drain(5.0)
+    (loss,) = _losses(seen, lock)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "refresh-failed"
+
+
+def test_a_lease_that_lapses_while_the_server_is_unreachable(
+    manager: LockManager, seen: list[events.Event]
+) -> None:
+    lock = manager.acquire("ev-unreachable", ttl=0.3, refresh=False)
+    # What the manager's lane reports when its refresh write does not get through.
+    events.tick(manager, 0.0, 0.0, 1, 0.1, ok=False)
+    try:
+        assert lock.lost.wait(5)
+        _wait_for_loss(seen, lock)
+    finally:
+        events.tick(manager, 0.0, 0.0, 1, 0.1, ok=True)
+    (loss,) = _losses(seen, lock)
+    assert isinstance(loss, events.Lost)
+    assert loss.reason == "server-unreachable"
+
+
+def test_an_observer_that_blocks_on_ticks_holds_up_no_refresh(manager: LockManager) -> None:
+    """Ticks are told on a notice worker: the lane goes on refreshing meanwhile."""
+    release = threading.Event()
+
+    def stuck(event: events.Event) -> None:
+        if isinstance(event, events.RefresherTick):
+            release.wait(10)
+
+    unsubscribe = events.subscribe(stuck)
+    try:
+        lock = manager.acquire("ev-stuck-tick", ttl=1.5)
+        assert not lock.lost.wait(3.0)  # two leases long: kept alive by the lane
+        assert lock.valid
+        lock.release()
+    finally:
+        release.set()
+        unsubscribe()
+
+
+def test_an_observer_that_blocks_on_a_loss_holds_up_no_other_loss(
+    manager: LockManager, no_leftovers: None
+) -> None:
+    """Losses are told on a notice worker: the deadline watch marks the next lease lost on
+    time while an observer of the first loss is stuck."""
+    release = threading.Event()
+    stuck_in: list[str] = []
+
+    def stuck(event: events.Event) -> None:
+        if isinstance(event, events.Lost) and event.lock.key.startswith("ev-stuck-"):
+            stuck_in.append(event.lock.key)
+            release.wait(10)
+
+    unsubscribe = events.subscribe(stuck)
+    try:
+        first = manager.acquire("ev-stuck-a", ttl=0.5, refresh=False)
+        second = manager.acquire("ev-stuck-b", ttl=1.5, refresh=False)
+        assert first.lost.wait(5)
+        deadline = second.deadline
+        assert second.lost.wait(5)
+        assert clock.now() - deadline < 0.5  # by its own deadline, not after the observer
+        assert stuck_in[:1] == ["ev-stuck-a"]
+    finally:
+        release.set()
+        unsubscribe()
+
+
+def test_only_a_lease_in_an_unanswered_refresh_sent_before_its_end_lacked_a_server() -> None:
+    """A loss reads "server-unreachable" for a lease whose refresh, sent before its end,
+    had no answer yet; another lease of the same manager (one taken with refresh=False)
+    or a refresh sent after the end (a stalled lane) leave it "expired"."""
+    source = LockManager.__new__(LockManager)  # weakly referenceable; no I/O here
+    waited, other = object(), object()
+    now = clock.now()
+    reasons.sent(source, now - 1.0, [waited])
+    try:
+        assert events._reason(source, waited, events._LAPSED, now) == "server-unreachable"
+        assert events._reason(source, other, events._LAPSED, now) == "expired"
+        assert events._reason(source, waited, events._LAPSED, now - 2.0) == "expired"
+    finally:
+        reasons.answered(source, ok=True)
+    assert events._reason(source, waited, events._LAPSED, now) == "expired"
+    reasons.answered(source, ok=False)  # the server could not be reached
+    try:
+        assert events._reason(source, other, events._LAPSED, now) == "server-unreachable"
+    finally:
+        reasons.answered(source, ok=True)

@@ -1,0 +1,126 @@
+"""Prometheus metrics of the locks, read back from a real ``prometheus_client`` registry."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from django_mongolock import LockLost, LockManager, LockNotAcquired
+from django_mongolock.contrib import prometheus
+from django_mongolock.contrib.prometheus import LockMetrics
+from django_mongolock.notices import get_notices
+from django_mongolock.refresher import get_refresher
+
+
+@pytest.fixture
+def registry(only_listener: None) -> Iterator[CollectorRegistry]:
+    # only_listener: the held-locks gauge counts the locks taken during the test only.
+    registry = CollectorRegistry()
+    metrics = LockMetrics(registry)
+    yield registry
+    metrics.close()
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    found = registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+def test_acquisitions_by_outcome(
+    manager: LockManager, other: LockManager, registry: CollectorRegistry
+) -> None:
+    waiting = value(registry, "mongolock_waiting_acquisitions")
+    lock = manager.acquire("m-job", ttl=10)
+    assert value(registry, "mongolock_held_locks") == 1
+    with pytest.raises(LockNotAcquired):
+        other.acquire("m-job", blocking=False)
+    with pytest.raises(LockNotAcquired):
+        other.acquire("m-job", timeout=0.1)
+    lock.release()
+    exclusive = {"mode": "exclusive"}
+    assert value(registry, "mongolock_acquisitions_total", outcome="acquired", **exclusive) == 1
+    assert value(registry, "mongolock_acquisitions_total", outcome="busy", **exclusive) == 1
+    assert value(registry, "mongolock_acquisitions_total", outcome="timeout", **exclusive) == 1
+    assert value(registry, "mongolock_releases_total", **exclusive) == 1
+    assert value(registry, "mongolock_acquire_wait_seconds_count", outcome="timeout") == 1
+    assert value(registry, "mongolock_acquire_wait_seconds_sum", outcome="timeout") >= 0.1
+    assert value(registry, "mongolock_hold_seconds_count") == 1
+    assert value(registry, "mongolock_held_locks") == 0
+    assert value(registry, "mongolock_waiting_acquisitions") == waiting
+
+
+def test_waiting_gauge_counts_a_blocked_acquire(
+    manager: LockManager, other: LockManager, registry: CollectorRegistry
+) -> None:
+    waiting = value(registry, "mongolock_waiting_acquisitions")
+    holder = manager.acquire("m-wait", ttl=10)
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(other.acquire("m-wait", timeout=10)))
+    waiter.start()
+    pause = threading.Event()
+    for _ in range(500):  # 5 s at most
+        if value(registry, "mongolock_waiting_acquisitions") >= waiting + 1 or pause.wait(0.01):
+            break
+    assert value(registry, "mongolock_waiting_acquisitions") == waiting + 1
+    holder.release()
+    waiter.join(10)
+    assert got
+    assert value(registry, "mongolock_waiting_acquisitions") == waiting
+    assert value(registry, "mongolock_held_locks") == 1
+
+
+def test_losses_by_reason_and_refresher_histograms(
+    manager: LockManager, other: LockManager, registry: CollectorRegistry
+) -> None:
+    lock = manager.acquire("m-lost", ttl=30)
+    get_refresher().tick()
+    assert get_notices().drain(5.0)  # ticks and losses are told on a notice worker
+    assert value(registry, "mongolock_refresh_tick_seconds_count") >= 1
+    assert value(registry, "mongolock_refresh_lag_seconds_count") >= 1
+    other.force_release("m-lost")
+    with pytest.raises(LockLost):
+        lock.refresh()
+    assert get_notices().drain(5.0)
+    assert value(registry, "mongolock_losses_total", reason="force-released") == 1
+    assert value(registry, "mongolock_held_locks") == 0
+
+
+def test_key_label_is_opt_in_and_bounded(manager: LockManager) -> None:
+    registry = CollectorRegistry()
+    metrics = LockMetrics(registry, key_label=lambda key: key.split(":", 1)[0])
+    try:
+        manager.acquire("report:1", ttl=10).release()
+        manager.acquire("report:2", ttl=10).release()
+        labels = {"outcome": "acquired", "mode": "exclusive", "key": "report"}
+        assert value(registry, "mongolock_acquisitions_total", **labels) == 2
+        assert value(registry, "mongolock_hold_seconds_count", key="report") == 2
+    finally:
+        metrics.close()
+    # Closed: nothing left in the registry, and later locks change nothing.
+    assert b"mongolock_" not in generate_latest(registry)
+    manager.acquire("report:3", ttl=10).release()
+    assert b"mongolock_" not in generate_latest(registry)
+
+
+def test_no_key_label_by_default(manager: LockManager, registry: CollectorRegistry) -> None:
+    manager.acquire("secret-key-name", ttl=10).release()
+    text = generate_latest(registry).decode()
+    assert "mongolock_acquisitions_total" in text
+    assert "secret-key-name" not in text
+
+
+def test_install_once_and_bad_arguments() -> None:
+    registry = CollectorRegistry()
+    try:
+        first = prometheus.install(registry)
+        assert prometheus.install(registry) is first
+    finally:
+        prometheus.uninstall()
+    assert b"mongolock_" not in generate_latest(registry)
+    with pytest.raises(TypeError):
+        LockMetrics(CollectorRegistry(), key_label="prefix")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="namespace"):
+        LockMetrics(CollectorRegistry(), namespace="not valid")
