@@ -121,6 +121,7 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
+            _told(source, handed, wake)
             return plan.sent_at, handed
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
@@ -212,6 +213,7 @@ async def _await(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
+            _told(source, handed, wake)
             return plan.sent_at, handed
         wake.clear()
         wake.handed = None  # see _wait
@@ -228,6 +230,12 @@ async def _await(
         mine = plan.answered(sent_at, info, seen)
         if mine is not None:
             return sent_at, mine
+
+
+def _told(source: Source, handed: LockInfo, wake: Wake | AsyncWake) -> None:
+    """Tell observers the lock came straight from the release of its last holder."""
+    previous = "" if wake.handed is None else wake.handed.previous
+    events.handoff(source, handed.key, previous, handed.owner, handed.token)
 
 
 def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:

@@ -26,13 +26,15 @@ __all__ = ["AsyncWake", "Handoff", "Waiters", "Wake"]
 class Handoff:
     """A release made ``owner`` the holder (as the change stream reported it).
 
-    ``expires_at`` is None when the event did not carry it (it was unchanged).
+    ``expires_at`` is None when the event did not carry it (it was unchanged);
+    ``previous`` (the holder that released it) is "" when the event did not say.
     """
 
     owner: str
     token: int
     acquired_at: datetime
     expires_at: datetime | None
+    previous: str = ""
 
 
 class _Wakeable(Protocol):

@@ -54,8 +54,20 @@ def handoff_of(change: Mapping[str, Any]) -> Handoff | None:
         return None
     expires_at = fields.get("expires_at")
     return Handoff(
-        owner, token, acquired_at, expires_at if isinstance(expires_at, datetime) else None
+        owner,
+        token,
+        acquired_at,
+        expires_at if isinstance(expires_at, datetime) else None,
+        _released_by(fields),
     )
+
+
+def _released_by(fields: Mapping[str, Any]) -> str:
+    """The owner a release put in front of ``ended``: the server reports the list whole
+    or by its changed positions (every owner id is new, so position 0 always changes)."""
+    ended = fields.get("ended")
+    first = ended[0] if isinstance(ended, list) and ended else fields.get("ended.0")
+    return first if isinstance(first, str) else ""
 
 
 class Watcher:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer
+from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, events
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.watcher import Watcher
@@ -446,6 +446,12 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
     manager = RecordedManager(mongolock_url, database=mongolock_database, ttl=10.0)
     manager.recorder = Recorder()
     got: list[Lock] = []
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: (
+            told.append(e) if isinstance(e, events.Handoff) and e.key == "handoff-line" else None
+        )
+    )
     try:
         lock = manager.acquire("handoff-line", refresh=False)
         waiter = threading.Thread(
@@ -471,5 +477,10 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
         assert got[0].owner == doc["owner"]
         assert got[0].token == doc["token"]
         got[0].release()
+        # Observers of the waiter's process are told who handed what to whom.
+        assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
+            (lock.owner, got[0].owner, got[0].token)
+        ]
     finally:
+        stop()
         manager.close()
