@@ -120,9 +120,11 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
-        if handed is not None:
+        if handed is not None and not late(plan.sent_at, handed, clock.now()):
             _told(source, handed, wake)
             return plan.sent_at, handed
+        # Learnt too late to count on (or not at all): the attempt below finds the
+        # lease still ours, or lapsed, and then the wait goes on as a new acquisition.
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
         watcher.ensure_running()
@@ -212,9 +214,11 @@ async def _await(
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
-        if handed is not None:
+        if handed is not None and not late(plan.sent_at, handed, clock.now()):
             _told(source, handed, wake)
             return plan.sent_at, handed
+        # Learnt too late to count on (or not at all): the attempt below finds the
+        # lease still ours, or lapsed, and then the wait goes on as a new acquisition.
         wake.clear()
         wake.handed = None  # see _wait
         watcher.ensure_running()

@@ -134,7 +134,12 @@ class Lane:
             if self._retired:
                 return False
             self._locks.add(lock)
-            self._schedule(clock.now() + interval(lock.ttl))
+            now = clock.now()
+            every = interval(lock.ttl)
+            left = lock.deadline - now
+            # A lock handed over by a release may come with under two intervals of its
+            # short first lease left: its first tick then comes at a third of what is left.
+            self._schedule(now + (every if left >= 2 * every else max(MIN_INTERVAL, left / 3)))
             return True
 
     def discard(self, lock: Lease) -> None:

@@ -44,9 +44,20 @@ def handoff_of(change: Mapping[str, Any]) -> Handoff | None:
     """The handoff a release event reports, if the release made a waiter the holder.
 
     Such a release changes ``owner`` (an id unique per acquisition), ``token`` (it
-    grows) and ``acquired_at``; an event without all three is only a wake-up.
+    grows) and ``acquired_at``; an update event without all three is only a wake-up. A
+    ``replace`` event (the server logged the release as a whole document) carries the
+    document itself: a handoff when it has an owner acquired in the release itself.
     """
-    fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+    if change.get("operationType") == "replace":
+        doc = change.get("fullDocument") or {}
+        released_at, acquired_at = doc.get("released_at"), doc.get("acquired_at")
+        if not isinstance(released_at, datetime) or not isinstance(acquired_at, datetime):
+            return None
+        if released_at < acquired_at:
+            return None  # an acquisition logged whole, not a release
+        fields: Mapping[str, Any] = doc
+    else:
+        fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
     owner, token, acquired_at = fields.get("owner"), fields.get("token"), fields.get("acquired_at")
     if not isinstance(owner, str) or not owner or not isinstance(token, int):
         return None

@@ -24,7 +24,8 @@ from pymongo import MongoClient
 
 from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, events
 from django_mongolock.info import LockInfo
-from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.queries import FREED_EVENTS, HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.waiters import Wake
 from django_mongolock.watcher import Watcher
 from tests.test_targeting import RecordedManager, Recorder, Sent
 
@@ -314,6 +315,13 @@ def test_leaving_ends_a_lapsed_handed_lease_for_good(
         with pytest.raises(LockNotAcquired):
             store.acquire(key, slow, 30.0, queue=True)
         assert locks.find_one({"_id": key}) == before
+        # Nor once somebody else holds the key: it neither joins the line nor waits.
+        third = manager.acquire(key, ttl=30, blocking=False)
+        taken = locks.find_one({"_id": key})
+        answer = store.acquire(key, slow, 30.0, queue=True)
+        assert answer.owner == third.owner
+        assert locks.find_one({"_id": key}) == taken
+        assert third.release()
 
 
 def test_a_waiter_that_stops_waiting_gives_back_a_lock_handed_to_it(
@@ -460,7 +468,7 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
         waiter.start()
         with _collection(mongolock_url, mongolock_database) as locks:
             deadline = time.monotonic() + BOUND
-            while not _line(locks, "handoff-line"):
+            while not _line(locks, "handoff-line") or other.watcher.healthy_since() is None:
                 assert time.monotonic() < deadline, "the waiter never joined the line"
                 time.sleep(0.02)
             before = len(_writes(manager.recorder, mongolock_database))
@@ -484,3 +492,83 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
     finally:
         stop()
         manager.close()
+
+
+def test_a_handoff_the_server_logs_as_a_whole_document_reaches_the_waiter(
+    mongolock_url: str, mongolock_database: str, manager: LockManager, other: LockManager
+) -> None:
+    """On a small new document the handing release changes about every field: the
+    server logs it whole, and the change stream reports a ``replace``, not an update."""
+    key = "k"  # the shortest document: the most likely to be logged whole
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
+    )
+    box: list[Any] = []
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        with client[mongolock_database]["locks"].watch(FREED_EVENTS) as stream:
+            holder = manager.acquire(key, ttl=30)
+            thread = threading.Thread(
+                target=lambda: box.append(other.acquire(key, ttl=10, timeout=BOUND))
+            )
+            thread.start()
+            _until(lambda: bool(_status(manager, key).waiting))
+            _until(lambda: other.watcher.healthy_since() is not None)
+            assert holder.release()
+            thread.join(BOUND)
+            [lock] = box
+            change = stream.try_next()
+            while change is not None and change["operationType"] != "replace":
+                change = stream.try_next()
+        # The stream's filter let the whole-document release through ...
+        assert change is not None
+        assert change["fullDocument"]["owner"] == lock.owner
+        # ... and the waiter took the lock from it, not from an attempt of its own.
+        assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
+            (holder.owner, lock.owner, lock.token)
+        ]
+        assert lock.token > holder.token
+        assert lock.release()
+    finally:
+        stop()
+        client.close()
+
+
+def test_a_handoff_learnt_after_its_first_lease_lapsed_waits_on(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter's change stream tells it of the handoff only after its first lease has
+    lapsed (a stalled watcher): the wait goes on as a new acquisition, which takes the
+    free key with a new token, instead of failing with the waiter named as the holder."""
+    offer = Wake.offer
+
+    def late_offer(self: Wake, handoff: Any) -> None:
+        time.sleep(FIRST_LEASE + 0.5)
+        offer(self, handoff)
+
+    monkeypatch.setattr(Wake, "offer", late_offer)
+    key = "handoff-told-late"
+    holder = manager.acquire(key, ttl=30)
+    box: list[Any] = []
+
+    def wait() -> None:
+        try:
+            box.append(other.acquire(key, ttl=30, timeout=BOUND))
+        except Exception as exc:  # reported to the test
+            box.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    _until(lambda: bool(_status(manager, key).waiting))
+    _until(lambda: other.watcher.healthy_since() is not None)
+    assert holder.release()
+    handed = _status(manager, key)
+    assert handed.owner not in (None, holder.owner)
+    thread.join(BOUND)
+    [lock] = box
+    assert isinstance(lock, Lock), lock
+    assert lock.owner != handed.owner
+    assert lock.token > handed.token
+    assert lock.valid
+    assert lock.release()
