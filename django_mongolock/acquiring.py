@@ -120,11 +120,18 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
-        if handed is not None and not late(plan.sent_at, handed, clock.now()):
-            _told(source, handed, wake)
-            return plan.sent_at, handed
-        # Learnt too late to count on (or not at all): the attempt below finds the
-        # lease still ours, or lapsed, and then the wait goes on as a new acquisition.
+        if handed is not None:
+            if not late(plan.sent_at, handed, clock.now()):
+                _told(source, handed, wake)
+                return plan.sent_at, handed
+            # Learnt too late to count on: extended now to the lease asked for, or found
+            # over, and then the wait goes on as a new acquisition.
+            request, sent_at = plan.request, clock.now()
+            confirmed = store.refresh(request.key, request.owner, handed.token, request.ttl)
+            if confirmed is not None:
+                _told(source, confirmed, wake)
+                return sent_at, confirmed
+            _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
         watcher.ensure_running()
@@ -214,11 +221,16 @@ async def _await(
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
-        if handed is not None and not late(plan.sent_at, handed, clock.now()):
-            _told(source, handed, wake)
-            return plan.sent_at, handed
-        # Learnt too late to count on (or not at all): the attempt below finds the
-        # lease still ours, or lapsed, and then the wait goes on as a new acquisition.
+        if handed is not None:
+            if not late(plan.sent_at, handed, clock.now()):
+                _told(source, handed, wake)
+                return plan.sent_at, handed
+            request, sent_at = plan.request, clock.now()  # see _wait
+            confirmed = await store.refresh(request.key, request.owner, handed.token, request.ttl)
+            if confirmed is not None:
+                _told(source, confirmed, wake)
+                return sent_at, confirmed
+            _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # see _wait
         watcher.ensure_running()
@@ -257,8 +269,9 @@ def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
 
 def _unkept(mine: LockInfo, request: Request, keep: bool) -> bool:
     """A lock handed over by a release has a short first lease (see ``WaitPlan.handed``):
-    without the refresher, it is extended to the ttl asked for before it is returned."""
-    return not keep and mine.ttl < request.ttl
+    it is extended to the ttl asked for before it is returned without the refresher, or
+    with less than half of that first lease left (found by a late attempt of its own)."""
+    return mine.ttl < request.ttl and (not keep or mine.remaining < mine.ttl / 2)
 
 
 def _full(mine: LockInfo, request: Request) -> float | None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, events
+from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, acquiring, events
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import FREED_EVENTS, HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.waiters import Wake
@@ -415,6 +415,13 @@ def _status(manager: LockManager, key: str) -> LockInfo:
     return info
 
 
+def _stream_open(manager: LockManager) -> None:
+    """Open ``manager``'s change stream before its waiter's first attempt, so that the
+    waiter sleeps on it (until the holder's lease end) rather than polling."""
+    manager.watcher.ensure_running()
+    _until(lambda: manager.watcher.healthy_since() is not None)
+
+
 def _until(condition: Any) -> None:
     deadline = time.monotonic() + BOUND
     while not condition():
@@ -462,13 +469,14 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
     )
     try:
         lock = manager.acquire("handoff-line", refresh=False)
+        _stream_open(other)
         waiter = threading.Thread(
             target=lambda: got.append(other.acquire("handoff-line", ttl=10.0, timeout=BOUND))
         )
         waiter.start()
         with _collection(mongolock_url, mongolock_database) as locks:
             deadline = time.monotonic() + BOUND
-            while not _line(locks, "handoff-line") or other.watcher.healthy_since() is None:
+            while not _line(locks, "handoff-line"):
                 assert time.monotonic() < deadline, "the waiter never joined the line"
                 time.sleep(0.02)
             before = len(_writes(manager.recorder, mongolock_database))
@@ -509,12 +517,12 @@ def test_a_handoff_the_server_logs_as_a_whole_document_reaches_the_waiter(
     try:
         with client[mongolock_database]["locks"].watch(FREED_EVENTS) as stream:
             holder = manager.acquire(key, ttl=30)
+            _stream_open(other)
             thread = threading.Thread(
                 target=lambda: box.append(other.acquire(key, ttl=10, timeout=BOUND))
             )
             thread.start()
             _until(lambda: bool(_status(manager, key).waiting))
-            _until(lambda: other.watcher.healthy_since() is not None)
             assert holder.release()
             thread.join(BOUND)
             [lock] = box
@@ -558,10 +566,10 @@ def test_a_handoff_learnt_after_its_first_lease_lapsed_waits_on(
         except Exception as exc:  # reported to the test
             box.append(exc)
 
+    _stream_open(other)
     thread = threading.Thread(target=wait)
     thread.start()
     _until(lambda: bool(_status(manager, key).waiting))
-    _until(lambda: other.watcher.healthy_since() is not None)
     assert holder.release()
     handed = _status(manager, key)
     assert handed.owner not in (None, holder.owner)
@@ -572,3 +580,37 @@ def test_a_handoff_learnt_after_its_first_lease_lapsed_waits_on(
     assert lock.token > handed.token
     assert lock.valid
     assert lock.release()
+
+
+def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handoff learnt with less than half its first lease left (here: always, by
+    ``late``) is extended to the ttl asked for by one refresh before acquire returns."""
+    monkeypatch.setattr(acquiring, "late", lambda sent_at, mine, now: True)
+    key = "handoff-told-late-live"
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
+    )
+    try:
+        holder = manager.acquire(key, ttl=30)
+        _stream_open(other)
+        box: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: box.append(other.acquire(key, ttl=30, timeout=BOUND, refresh=False))
+        )
+        thread.start()
+        _until(lambda: bool(_status(manager, key).waiting))
+        assert holder.release()
+        handed = _status(manager, key)
+        thread.join(BOUND)
+        [lock] = box
+        assert (lock.owner, lock.token) == (handed.owner, handed.token)
+        assert _status(manager, key).remaining > 20  # the ttl asked for, not the first lease
+        assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
+            (holder.owner, lock.owner, lock.token)
+        ]
+        assert lock.release()
+    finally:
+        stop()

@@ -28,5 +28,8 @@ FREED_EVENTS: Final[list[dict[str, Any]]] = [
                 },
             ]
         }
-    }
+    },
+    # The line and the shared holders are no part of a wake-up or a handoff: a replace
+    # event of a long line would carry hundreds of kilobytes to every watching process.
+    {"$project": {"fullDocument.waiters": 0, "fullDocument.holders": 0}},
 ]
