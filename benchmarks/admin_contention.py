@@ -87,9 +87,10 @@ def run(url: str, locks: int, requests: int, processes: int) -> dict[str, list[f
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from django.test import Client
+    from django.test import Client, override_settings
 
-    settings.MONGOLOCK = {"URL": url, "DATABASE": DATABASE, "COLLECTION": "admin"}
+    # Through override_settings: the default manager, built at setup, is built afresh.
+    override_settings(MONGOLOCK={"URL": url, "DATABASE": DATABASE, "COLLECTION": "admin"}).enable()
     settings.ALLOWED_HOSTS = ["testserver"]
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")

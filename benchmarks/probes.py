@@ -112,13 +112,15 @@ def admin_probe(url: str, documents: int, requests: int) -> dict[str, Any]:
     import django
 
     django.setup()
-    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from django.test import Client
+    from django.test import Client, override_settings
 
     collection_name = "admin"
-    settings.MONGOLOCK = {"URL": url, "DATABASE": DATABASE, "COLLECTION": collection_name}
+    # Through override_settings: the default manager, built at setup, is built afresh.
+    override_settings(
+        MONGOLOCK={"URL": url, "DATABASE": DATABASE, "COLLECTION": collection_name}
+    ).enable()
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench")
     client = Client()

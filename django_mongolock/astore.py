@@ -127,13 +127,15 @@ class AsyncLockStore:
         info = LockInfo.from_document(doc)
         return info.as_holder(owner) if shared else info
 
-    async def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
+    async def release(
+        self, key: str, owner: str, token: int, *, shared: bool = False, contended: bool = False
+    ) -> bool:
         if shared:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
         with self._translate:  # see LockStore.release
-            for release in (queries.release, queries.handing_release):
+            for release in queries.release_writes(contended=contended):
                 command = release(key, owner, token).command(self.collection.name)
                 reply, retried = await self._send(command)
                 if reply["nModified"]:

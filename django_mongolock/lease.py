@@ -49,6 +49,7 @@ class LeaseState:
         "_released",
         "_sender",
         "acquired_at",
+        "contended",
         "key",
         "on_lost",
         "owner",
@@ -73,6 +74,9 @@ class LeaseState:
         self.owner: str = info.owner
         self.token: int = info.token
         self.acquired_at: datetime = info.acquired_at
+        # Others were in line when it was taken: they likely still are at its release,
+        # which then goes straight to the write that hands the lock on.
+        self.contended: bool = info.waiting > 0
         self.ttl: float = info.ttl
         # The event costs a kilobyte: it is built only when somebody asks for ``lost``.
         self._lost = False

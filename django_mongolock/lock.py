@@ -89,7 +89,9 @@ class Lock(LeaseState):
             return not self._lost
         if not self.take_release():
             return False
-        held = self.backend.store.release(self.key, self.owner, self.token, shared=self.shared)
+        held = self.backend.store.release(
+            self.key, self.owner, self.token, shared=self.shared, contended=self.contended
+        )
         self._released_by_holder(held)
         return held
 
@@ -110,7 +112,9 @@ class Lock(LeaseState):
         if not self.take_release():
             return False
         store = await self.backend.astore()
-        held = await store.release(self.key, self.owner, self.token, shared=self.shared)
+        held = await store.release(
+            self.key, self.owner, self.token, shared=self.shared, contended=self.contended
+        )
         self._released_by_holder(held)
         return held
 

@@ -614,3 +614,34 @@ def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
         assert lock.release()
     finally:
         stop()
+
+
+def test_a_lock_taken_with_others_in_line_releases_in_the_handing_write_alone(
+    mongolock_url: str, mongolock_database: str, other: LockManager
+) -> None:
+    """Taken from a line, a lock goes straight to the write that hands it on: one round
+    trip, which frees the key when nobody waits any more."""
+    waiter = RecordedManager(mongolock_url, database=mongolock_database, ttl=10.0)
+    waiter.recorder = Recorder()
+    box: list[Any] = []
+    try:
+        holder = other.acquire("handoff-taken-in-line", ttl=30)
+        _stream_open(waiter)
+        thread = threading.Thread(
+            target=lambda: box.append(waiter.acquire("handoff-taken-in-line", timeout=BOUND))
+        )
+        thread.start()
+        _until(lambda: bool(_status(other, "handoff-taken-in-line").waiting))
+        assert holder.release()
+        thread.join(BOUND)
+        [lock] = box
+        assert lock.contended
+        before = len(_writes(waiter.recorder, mongolock_database))
+        assert lock.release() is True
+        sent = _writes(waiter.recorder, mongolock_database)[before:]
+        assert [s.name for s in sent] == ["update"]
+        assert "waiters.hand" not in sent[0].command["updates"][0]["q"]
+        assert other.status("handoff-taken-in-line") is None  # freed: nobody waits
+        assert not lock.valid
+    finally:
+        waiter.close()

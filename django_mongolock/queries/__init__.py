@@ -59,6 +59,7 @@ from django_mongolock.queries.leases import (
     release,
     release_many,
     release_shared,
+    release_writes,
     released_live,
     still_freed,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "release",
     "release_many",
     "release_shared",
+    "release_writes",
     "released_live",
     "still_freed",
 ]

@@ -6,7 +6,7 @@ touched; every time is the server's (``$$NOW``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,6 +45,7 @@ __all__ = [
     "release",
     "release_many",
     "release_shared",
+    "release_writes",
     "released_live",
     "still_freed",
 ]
@@ -229,6 +230,17 @@ def handing_release(key: str, owner: str, token: int) -> Release:
     """Give up an exclusive lock: hand it to the first waiter in line (see
     ``handing.release_stage``), or free it when nobody in line can take it so."""
     return Release({"_id": key, "owner": owner, "token": token}, list(RELEASE_PIPELINE))
+
+
+def release_writes(*, contended: bool) -> tuple[Callable[[str, str, int], Release], ...]:
+    """The release writes to send in turn, until one changes the document.
+
+    The small one first, unless the lock was taken with others in line: they likely
+    still wait, and the handing write alone then does it in one round trip.
+    """
+    if contended:
+        return (handing_release,)
+    return (release, handing_release)
 
 
 def give_up(key: str, owner: str, *, shared: bool) -> Release:

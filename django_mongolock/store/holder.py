@@ -113,7 +113,9 @@ class HolderQueries(StoreBase):
         info = LockInfo.from_document(doc)
         return info.as_holder(owner) if shared else info
 
-    def release(self, key: str, owner: str, token: int, *, shared: bool = False) -> bool:
+    def release(
+        self, key: str, owner: str, token: int, *, shared: bool = False, contended: bool = False
+    ) -> bool:
         """Give the holder's lock up in one round trip; True only if its lease was live.
 
         The document is freed in place (see ``queries.release``); a shared holder's entry
@@ -126,8 +128,9 @@ class HolderQueries(StoreBase):
             return queries.released_live(doc)
         with self._translate:
             # Nobody in line to hand it to (the common case): one small write. Else, or
-            # when that matched nothing, the write that hands it on decides.
-            for release in (queries.release, queries.handing_release):
+            # when that matched nothing, the write that hands it on decides; a lock
+            # taken with others in line (``contended``) sends that one at once.
+            for release in queries.release_writes(contended=contended):
                 reply, retried = self._send(
                     release(key, owner, token).command(self.collection.name)
                 )
