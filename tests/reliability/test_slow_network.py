@@ -166,7 +166,7 @@ def check(workers: dict[str, NetAgent]) -> dict[str, Any]:
             if kind in ("acquired", "busy", "error") or (kind == "released"):
                 op = "release" if kind == "released" else "acquire"
                 longest[op] = max(longest[op], event["done"] - event["sent"])
-            if kind == "error":
+            if kind in ("error", "released") and "error" in event:
                 errors[event["error"]] = errors.get(event["error"], 0) + 1
             if kind == "acquired":
                 assert event["token"] not in acquisitions, f"token {event['token']} twice"
@@ -197,12 +197,15 @@ def check(workers: dict[str, NetAgent]) -> dict[str, Any]:
         released = taken.get("released")
         # The holder believed it held the key until it heard of the loss, or until it
         # gave the key up (a release, even one that then finds the lease over: such a
-        # release reports the loss when its answer comes, after the holder let go).
+        # release reports the loss when its answer comes, after the holder let go). A
+        # holder woken by its ``lost`` flag heard of the loss before it let go, even when
+        # the notices, which run just after the flag is set, note a later time.
         given_up = released["sent"] if released is not None else math.inf
+        woken = released is not None and released["lost"]
         heard = [notice for notice in taken["notices"] if notice["at"] < given_up]
-        if heard:
+        if heard or woken:
             lost += 1
-            believed_until = max(notice["at"] for notice in taken["notices"])
+            believed_until = max((n["at"] for n in taken["notices"]), default=given_up)
             kinds = {notice["what"] for notice in taken["notices"]}
             if kinds != {"event", "signal", "on_lost"}:
                 late.append(f"token {taken['token']} ({taken['worker']}): notices {kinds} only")
