@@ -271,7 +271,12 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     monkeypatch.setattr(
         acquirer, "next_delay", lambda info, since, sent_at, attempt: (FIRST_LEASE + 1.0, attempt)
     )
-    key = "handoff-slow"
+    _waits_on_as_a_new_acquisition(manager, other, "handoff-slow")
+
+
+def _waits_on_as_a_new_acquisition(manager: LockManager, other: LockManager, key: str) -> None:
+    """``other`` waits behind a holder of ``key`` that releases: the waiter, too late for
+    the lease handed to it, ends up holding the key with a new owner id and token."""
     holder = manager.acquire(key, ttl=30)
     box: list[Any] = []
 
@@ -286,6 +291,7 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     _until(lambda: bool(_status(manager, key).waiting))
     assert holder.release()
     handed = _status(manager, key)
+    assert handed.owner not in (None, holder.owner)
     thread.join(BOUND)
     [lock] = box
     assert isinstance(lock, Lock), lock
@@ -556,30 +562,8 @@ def test_a_handoff_learnt_after_its_first_lease_lapsed_waits_on(
         offer(self, handoff)
 
     monkeypatch.setattr(Wake, "offer", late_offer)
-    key = "handoff-told-late"
-    holder = manager.acquire(key, ttl=30)
-    box: list[Any] = []
-
-    def wait() -> None:
-        try:
-            box.append(other.acquire(key, ttl=30, timeout=BOUND))
-        except Exception as exc:  # reported to the test
-            box.append(exc)
-
     _stream_open(other)
-    thread = threading.Thread(target=wait)
-    thread.start()
-    _until(lambda: bool(_status(manager, key).waiting))
-    assert holder.release()
-    handed = _status(manager, key)
-    assert handed.owner not in (None, holder.owner)
-    thread.join(BOUND)
-    [lock] = box
-    assert isinstance(lock, Lock), lock
-    assert lock.owner != handed.owner
-    assert lock.token > handed.token
-    assert lock.valid
-    assert lock.release()
+    _waits_on_as_a_new_acquisition(manager, other, "handoff-told-late")
 
 
 def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
