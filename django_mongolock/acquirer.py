@@ -24,7 +24,7 @@ from django_mongolock.info import LockInfo
 from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.waiters import Handoff
 
-__all__ = ["Request", "WaitPlan", "busy", "first_lease", "late", "next_delay"]
+__all__ = ["Request", "WaitPlan", "busy", "first_lease", "handed_over", "late", "next_delay"]
 
 # Back-off of a blocked acquirer: doubling from 10 ms up to 500 ms, each sleep drawn from
 # [half, full] of that, and never past the holder's lease end or the caller's timeout.
@@ -74,7 +74,16 @@ class WaitPlan:
     releases it saw are enough to try, and reports each attempt to ``answered()``.
     """
 
-    __slots__ = ("_attempt", "_deadline", "_started", "info", "request", "seen", "sent_at")
+    __slots__ = (
+        "_attempt",
+        "_deadline",
+        "_started",
+        "handoff",
+        "info",
+        "request",
+        "seen",
+        "sent_at",
+    )
 
     def __init__(
         self, request: Request, limit: float | None, sent_at: float, info: LockInfo
@@ -86,6 +95,9 @@ class WaitPlan:
         self._started = sent_at
         self._deadline = None if limit is None else sent_at + limit
         self._attempt = 0
+        # The releasing holder's owner id once a release handed this request its lease
+        # ("" when nobody said whose); None while the lease was not handed over.
+        self.handoff: str | None = None
 
     def wake_at(self, stream_since: float | None, now: float) -> float | None:
         """When to try again, given since when the change stream has been healthy."""
@@ -115,20 +127,33 @@ class WaitPlan:
         the grace period: look again by then."""
         return min(wake_at, now + BEHIND_IN_LINE)
 
-    def answered(self, sent_at: float, info: LockInfo, seen: int) -> LockInfo | None:
-        """Take the answer to an attempt sent at ``sent_at``: the lease, if it is ours."""
+    def answered(
+        self, sent_at: float, info: LockInfo, seen: int, told: Handoff | None = None
+    ) -> LockInfo | None:
+        """Take the answer to an attempt sent at ``sent_at``: the lease, if it is ours.
+
+        The attempt may find the key already its own, handed over by a release that
+        no wake-up told of in time (a waiter in the releasing process is woken by the
+        release itself, which does not know whom the server handed the key to):
+        that is a handoff too. ``told`` is a wake-up's handoff that came meanwhile,
+        naming the releasing holder.
+        """
         self.sent_at, self.info, self.seen = sent_at, info, seen
-        return self.request.taken(info)
+        mine = self.request.taken(info)
+        if mine is not None and handed_over(mine, self.request):
+            self.handoff = told.previous if told is not None and told.token == mine.token else ""
+        return mine
 
     def rename(self, owner: str) -> None:
         """Wait on as a new acquisition: a lease a release handed to this one lapsed
         before it could take it, which ends that acquisition for good (a late duplicate
         of its attempts must change nothing), but not the caller's wait."""
         self.request = replace(self.request, owner=owner)
+        self.handoff = None
 
     def handed(self, handoff: Handoff | None) -> LockInfo | None:
         """The lease a release handed to this request, if ``handoff`` is one for it that
-        came after the last attempt.
+        came after the last attempt (noted in ``self.handoff`` for observers).
 
         The token tells the order without clocks: a handoff applied before the last
         attempt was seen by it (tokens only grow), so a greater token is a newer lease.
@@ -146,6 +171,7 @@ class WaitPlan:
         first = min(round(request.ttl * 1000), HANDOFF_LEASE_MS) / 1000
         expires_at = handoff.expires_at or handoff.acquired_at + timedelta(seconds=first)
         waited = handoff.acquired_at - info.now
+        self.handoff = handoff.previous
         return replace(
             info,
             owner=request.owner,
@@ -204,6 +230,17 @@ def first_lease(mine: LockInfo, request: Request) -> LockInfo:
         return mine
     span = (mine.expires_at - mine.acquired_at).total_seconds()
     return replace(mine, ttl=span) if 0 < span < mine.ttl - 0.002 else mine
+
+
+def handed_over(mine: LockInfo, request: Request) -> bool:
+    """Whether a release handed ``mine`` to this request before its attempt found it.
+
+    A release writes the waiter's first lease shorter than the ttl it asked for (at
+    most ``HANDOFF_LEASE_MS``); an attempt that takes the key itself writes the whole
+    ttl, and so does the same attempt sent again after a lost reply. A lease asked for
+    no longer than that first lease does not tell.
+    """
+    return first_lease(mine, request).ttl < mine.ttl
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:

@@ -65,6 +65,7 @@ def acquire(
     to the caller (an election sends it from its own worker, not the refresher's)."""
     source = source._resolved()
     store = source.store
+    plan: WaitPlan | None = None
     if wait == 0:
         sent_at = clock.now()
         info = store.acquire(**request.arguments(queue=False))
@@ -74,7 +75,6 @@ def acquire(
     else:
         # Subscribe before the first attempt: a release right after it must wake us.
         with source.waiters.subscribe(request.key, request.owner) as wake:
-            plan: WaitPlan | None = None
             try:
                 sent_at = clock.now()
                 info = store.acquire(**request.arguments(queue=True))
@@ -99,6 +99,7 @@ def acquire(
             raise busy(mine)
         mine = confirmed
     lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    _told(source, plan, lock)
     return announce(lock) if announcing else lock
 
 
@@ -121,16 +122,15 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if not late(plan.sent_at, handed, clock.now()):
-                _told(source, handed, wake)
-                return plan.sent_at, handed
-            # Learnt too late to count on: extended now to the lease asked for, or found
-            # over, and then the wait goes on as a new acquisition.
-            request, sent_at = plan.request, clock.now()
-            confirmed = store.refresh(request.key, request.owner, handed.token, request.ttl)
-            if confirmed is not None:
-                _told(source, confirmed, wake)
-                return sent_at, confirmed
+            sent_at, request = plan.sent_at, plan.request
+            lease: LockInfo | None = handed
+            if late(sent_at, handed, clock.now()):
+                # Learnt too late to count on: extended now to the lease asked for, or
+                # found over, and then the wait goes on as a new acquisition.
+                sent_at = clock.now()
+                lease = store.refresh(request.key, request.owner, handed.token, request.ttl)
+            if lease is not None:
+                return sent_at, lease
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
@@ -144,7 +144,7 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             _renamed(source, plan, wake)
             seen, sent_at = wake.count, clock.now()
             info = store.acquire(**plan.request.arguments(queue=True))
-        mine = plan.answered(sent_at, info, seen)
+        mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
             return sent_at, mine
 
@@ -160,6 +160,7 @@ async def aacquire(
     """``acquire`` for coroutines: the same plan, sleeping on an asyncio event."""
     source = source._resolved()
     store = await source.astore()
+    plan: WaitPlan | None = None
     if wait == 0:
         sent_at = clock.now()
         info = await _shielded(store, request, queue=False)
@@ -168,7 +169,6 @@ async def aacquire(
             raise busy(info)
     else:
         with source.waiters.subscribe_async(request.key, request.owner) as wake:
-            plan: WaitPlan | None = None
             try:
                 sent_at = clock.now()
                 info = await _shielded(store, request, queue=True)
@@ -193,7 +193,9 @@ async def aacquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    return await aannounce(_handle(source, mine, sent_at, keep, on_lost, _full(mine, request)))
+    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    _told(source, plan, lock)
+    return await aannounce(lock)
 
 
 @events.awaited
@@ -222,14 +224,13 @@ async def _await(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if not late(plan.sent_at, handed, clock.now()):
-                _told(source, handed, wake)
-                return plan.sent_at, handed
-            request, sent_at = plan.request, clock.now()  # see _wait
-            confirmed = await store.refresh(request.key, request.owner, handed.token, request.ttl)
-            if confirmed is not None:
-                _told(source, confirmed, wake)
-                return sent_at, confirmed
+            sent_at, request = plan.sent_at, plan.request
+            lease: LockInfo | None = handed
+            if late(sent_at, handed, clock.now()):  # see _wait
+                sent_at = clock.now()
+                lease = await store.refresh(request.key, request.owner, handed.token, request.ttl)
+            if lease is not None:
+                return sent_at, lease
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # see _wait
@@ -243,15 +244,16 @@ async def _await(
             _renamed(source, plan, wake)
             seen, sent_at = wake.count, clock.now()
             info = await _shielded(store, plan.request, queue=True)
-        mine = plan.answered(sent_at, info, seen)
+        mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
             return sent_at, mine
 
 
-def _told(source: Source, handed: LockInfo, wake: Wake | AsyncWake) -> None:
-    """Tell observers the lock came straight from the release of its last holder."""
-    previous = "" if wake.handed is None else wake.handed.previous
-    events.handoff(source, handed.key, previous, handed.owner, handed.token)
+def _told(source: Source, plan: WaitPlan | None, lock: Lock) -> None:
+    """Tell observers that ``lock`` came straight from the release of its last holder,
+    once it is surely the caller's (a late lease's refresh may have found it over)."""
+    if plan is not None and plan.handoff is not None:
+        events.handoff(source, lock.key, plan.handoff, lock.owner, lock.token)
 
 
 def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django_mongolock.acquirer import BEHIND_IN_LINE, Request, WaitPlan, late
+from django_mongolock.acquirer import BEHIND_IN_LINE, Request, WaitPlan, handed_over, late
 from django_mongolock.info import LockInfo
+from django_mongolock.waiters import Handoff
 
 
 def _info(
@@ -25,8 +26,11 @@ def _info(
     )
 
 
-def _request(*, shared: bool = False) -> Request:
-    return Request("k", "me:1:000000000001", 30.0, shared=shared)
+OWNER = "me:1:000000000001"
+
+
+def _request(*, shared: bool = False, ttl: float = 30.0) -> Request:
+    return Request("k", OWNER, ttl, shared=shared)
 
 
 def test_a_streamed_waiter_sleeps_until_the_lease_ends_but_never_past_its_timeout() -> None:
@@ -85,3 +89,44 @@ def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
     a refresh would take as long, and an uncontended acquire is one round trip."""
     assert not late(100.0, _info(remaining=0.004, ttl=0.004), now=100.003)
     assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
+
+
+def test_an_attempt_tells_a_handed_lease_by_its_short_first_lease() -> None:
+    """A release writes a first lease shorter than the ttl asked for; an attempt that
+    takes the key (or the same attempt sent again) writes the whole ttl."""
+    # Taken a second ago with a lease of two seconds, of the 30 asked for: handed over.
+    assert handed_over(_info(remaining=1.0, owner=OWNER), _request())
+    # Taken a second ago with the whole 30 seconds: taken by the attempt itself.
+    assert not handed_over(_info(remaining=29.0, owner=OWNER), _request())
+    # Refreshed since (a lease longer than the ttl from its acquisition): not told.
+    assert not handed_over(_info(remaining=30.0, owner=OWNER), _request())
+    # A ttl no longer than the first lease: an attempt cannot tell, and does not say.
+    assert not handed_over(_info(remaining=1.0, owner=OWNER, ttl=2.0), _request(ttl=2.0))
+    # Shared leases are never handed over.
+    assert not handed_over(_info(remaining=1.0, owner=OWNER), _request(shared=True))
+
+
+def test_the_plan_notes_a_handoff_however_the_waiter_learnt_of_it() -> None:
+    request = _request()
+    plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
+    handed = _info(remaining=1.0, owner=OWNER)
+    # Found by an attempt, with a wake-up for an older lease meanwhile: nobody named.
+    older = Handoff(OWNER, handed.token - 1, handed.acquired_at, None, previous="them")
+    assert plan.answered(101.0, handed, seen=1, told=older) is handed
+    assert plan.handoff == ""
+    # With the wake-up for this very lease: it names the releasing holder.
+    plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
+    told = Handoff(OWNER, handed.token, handed.acquired_at, None, previous="them")
+    assert plan.answered(101.0, handed, seen=1, told=told) is handed
+    assert plan.handoff == "them"
+    # Taken by the attempt itself: no handoff.
+    plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
+    assert plan.answered(101.0, _info(remaining=29.0, owner=OWNER), seen=1, told=told)
+    assert plan.handoff is None
+    # Told by the wake-up; a handed lease found over renames the request and forgets it.
+    plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
+    wake_up = Handoff(OWNER, 8, plan.info.now, None, previous="them")
+    assert plan.handed(wake_up) is not None
+    assert plan.handoff == "them"
+    plan.rename("me:1:000000000002")
+    assert plan.handoff is None

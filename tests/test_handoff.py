@@ -25,7 +25,7 @@ from pymongo import MongoClient
 from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, acquiring, events
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import FREED_EVENTS, HANDOFF_LEASE_MS, PLACE_GRACE_MS
-from django_mongolock.waiters import Wake
+from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
 from tests.test_targeting import RecordedManager, Recorder, Sent
 
@@ -242,19 +242,15 @@ def test_a_waiter_that_finds_the_lock_handed_to_it_by_its_own_attempt_keeps_it(
     its own, with the short first lease, and the refresher still extends it in time."""
     monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
     key = "handoff-polled"
-    holder = manager.acquire(key, ttl=30)
-    box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(other.acquire(key, ttl=30, timeout=BOUND)))
-    thread.start()
-    _until(lambda: bool(_status(manager, key).waiting))
-    holder.release()
-    handed = _status(manager, key)
+    with _handoffs_told(key) as told:
+        _, lock, handed = _handed_on(
+            manager, key, lambda: other.acquire(key, ttl=30, timeout=BOUND)
+        )
     assert handed.expires_at - handed.acquired_at <= timedelta(seconds=FIRST_LEASE)
     assert handed.ttl == 30
-    thread.join(BOUND)
-    [lock] = box
-    assert isinstance(lock, Lock)
     assert (lock.owner, lock.token) == (handed.owner, handed.token)
+    # Told as a handoff, though no change event named the releasing holder.
+    assert [(e.from_owner, e.to_owner, e.token) for e in told] == [("", lock.owner, lock.token)]
     time.sleep(FIRST_LEASE + 0.5)
     assert lock.valid
     assert _status(manager, key).remaining > 20
@@ -435,6 +431,36 @@ def _until(condition: Any) -> None:
         time.sleep(0.02)
 
 
+@contextmanager
+def _handoffs_told(key: str) -> Iterator[list[events.Handoff]]:
+    """The handoffs of ``key`` this process's observers are told of while the block runs."""
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
+    )
+    try:
+        yield told
+    finally:
+        stop()
+
+
+def _handed_on(manager: LockManager, key: str, take: Any) -> tuple[Lock, Lock, LockInfo]:
+    """``manager`` takes ``key``; ``take()`` waits for it on a thread of its own; the
+    holder releases once the waiter is in line. The holder, the waiter's lock, and the
+    document as the release left it."""
+    holder = manager.acquire(key, ttl=30)
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(take()))
+    thread.start()
+    _until(lambda: bool(_status(manager, key).waiting))
+    assert holder.release()
+    handed = _status(manager, key)
+    thread.join(BOUND)
+    [lock] = box
+    assert isinstance(lock, Lock)
+    return holder, lock, handed
+
+
 def _writes(recorder: Recorder, database: str) -> list[Sent]:
     return [s for s in recorder.on(database, "locks") if s.name in ("findAndModify", "update")]
 
@@ -573,31 +599,69 @@ def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
     ``late``) is extended to the ttl asked for by one refresh before acquire returns."""
     monkeypatch.setattr(acquiring, "late", lambda sent_at, mine, now: True)
     key = "handoff-told-late-live"
-    told: list[events.Handoff] = []
-    stop = events.subscribe(
-        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
-    )
-    try:
-        holder = manager.acquire(key, ttl=30)
-        _stream_open(other)
-        box: list[Any] = []
-        thread = threading.Thread(
-            target=lambda: box.append(other.acquire(key, ttl=30, timeout=BOUND, refresh=False))
+    _stream_open(other)
+    with _handoffs_told(key) as told:
+        holder, lock, handed = _handed_on(
+            manager, key, lambda: other.acquire(key, ttl=30, timeout=BOUND, refresh=False)
         )
-        thread.start()
-        _until(lambda: bool(_status(manager, key).waiting))
-        assert holder.release()
-        handed = _status(manager, key)
-        thread.join(BOUND)
-        [lock] = box
-        assert (lock.owner, lock.token) == (handed.owner, handed.token)
-        assert _status(manager, key).remaining > 20  # the ttl asked for, not the first lease
-        assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
-            (holder.owner, lock.owner, lock.token)
-        ]
-        assert lock.release()
-    finally:
-        stop()
+    assert (lock.owner, lock.token) == (handed.owner, handed.token)
+    assert _status(manager, key).remaining > 20  # the ttl asked for, not the first lease
+    assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
+        (holder.owner, lock.owner, lock.token)
+    ]
+    assert lock.release()
+
+
+@pytest.mark.parametrize(
+    "waiter_of",
+    [
+        "the releasing manager",
+        "a coroutine of the releasing manager",
+        "another manager",
+        "a coroutine of another manager",
+    ],
+)
+def test_a_handoff_found_by_the_waiters_own_attempt_is_told_all_the_same(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch, waiter_of: str
+) -> None:
+    """No wake-up carries the handoff (as for a waiter of the releasing manager, woken by
+    the release itself, which cannot say to whom it handed the key; here the change
+    events' handoffs are kept from every waiter): the waiter's attempt finds the key
+    already its own, and its observers are told of the handoff, without the releasing
+    holder's name."""
+    for wake in (Wake, _LoopEvent):
+        monkeypatch.setattr(wake, "offer", lambda self, handoff: None)
+    waiter = manager if "the releasing manager" in waiter_of else other
+    key = "handoff-found-by-attempt"
+
+    def take() -> Lock:
+        if waiter_of.startswith("a coroutine"):
+            return asyncio.run(waiter.aacquire(key, ttl=30, timeout=BOUND))
+        return waiter.acquire(key, ttl=30, timeout=BOUND)
+
+    _stream_open(waiter)
+    with _handoffs_told(key) as told:
+        _, lock, handed = _handed_on(manager, key, take)
+    # The release wrote the waiter in as the holder.
+    assert (lock.owner, lock.token) == (handed.owner, handed.token)
+    assert [(e.from_owner, e.to_owner, e.token) for e in told] == [("", lock.owner, lock.token)]
+    assert lock.release()
+
+
+def test_a_waiter_that_takes_a_lapsed_lock_itself_is_told_no_handoff(
+    manager: LockManager, other: LockManager
+) -> None:
+    """The holder never releases (its lease lapses): the waiter's own attempt takes the
+    free key, and that is no handoff. (This guards against telling of handoffs that
+    were not: it passes as well where none found by an attempt is told.)"""
+    key = "handoff-none-after-a-lapse"
+    holder = manager.acquire(key, ttl=3.0, refresh=False)
+    _stream_open(other)
+    with _handoffs_told(key) as told:
+        lock = other.acquire(key, ttl=30, timeout=BOUND)
+    assert lock.token > holder.token
+    assert told == []
+    assert lock.release()
 
 
 def test_a_lock_taken_with_others_in_line_releases_in_the_handing_write_alone(
