@@ -136,12 +136,16 @@ class WaitPlan:
         no wake-up told of in time (a waiter in the releasing process is woken by the
         release itself, which does not know whom the server handed the key to):
         that is a handoff too. ``told`` is a wake-up's handoff that came meanwhile,
-        naming the releasing holder.
+        naming the releasing holder (and telling a handed lease the attempt could not:
+        one of a ttl no longer than the first lease).
         """
         self.sent_at, self.info, self.seen = sent_at, info, seen
         mine = self.request.taken(info)
-        if mine is not None and handed_over(mine, self.request):
-            self.handoff = told.previous if told is not None and told.token == mine.token else ""
+        if mine is not None:
+            if told is not None and told.token == mine.token:
+                self.handoff = told.previous
+            elif handed_over(mine, self.request):
+                self.handoff = ""
         return mine
 
     def rename(self, owner: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from django_mongolock import clock, events
-from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
+from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, handed_over, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.info import LockInfo
@@ -89,6 +89,7 @@ def acquire(
                 if not isinstance(exc, MongoLockError):
                     _abandon(store, request if plan is None else plan.request)
                 raise
+    handoff = _handoff(plan, mine, request)
     mine = first_lease(mine, request)
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):
         sent_at = clock.now()
@@ -99,8 +100,10 @@ def acquire(
             raise busy(mine)
         mine = confirmed
     lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
-    _told(source, plan, lock)
-    return announce(lock) if announcing else lock
+    if announcing:
+        announce(lock)
+    _told(source, handoff, lock)
+    return lock
 
 
 @events.waited
@@ -184,6 +187,7 @@ async def aacquire(
                 if not isinstance(exc, MongoLockError | GeneratorExit):
                     await _leave_line(store, request if plan is None else plan.request)
                 raise
+    handoff = _handoff(plan, mine, request)
     mine = first_lease(mine, request)
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):  # see acquire
         sent_at = clock.now()
@@ -193,9 +197,9 @@ async def aacquire(
         if confirmed is None:
             raise busy(mine)
         mine = confirmed
-    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
-    _told(source, plan, lock)
-    return await aannounce(lock)
+    lock = await aannounce(_handle(source, mine, sent_at, keep, on_lost, _full(mine, request)))
+    _told(source, handoff, lock)
+    return lock
 
 
 @events.awaited
@@ -249,11 +253,24 @@ async def _await(
             return sent_at, mine
 
 
-def _told(source: Source, plan: WaitPlan | None, lock: Lock) -> None:
+def _handoff(plan: WaitPlan | None, mine: LockInfo, request: Request) -> str | None:
+    """Who handed ``mine`` over ("" if nobody said), or None if it was not handed over.
+
+    Without a plan, the first attempt took the key: handed over only if a release
+    handed it to the place that attempt had taken in line when its reply was lost,
+    before the same attempt was sent again.
+    """
+    if plan is not None:
+        return plan.handoff
+    return "" if handed_over(mine, request) else None
+
+
+def _told(source: Source, handoff: str | None, lock: Lock) -> None:
     """Tell observers that ``lock`` came straight from the release of its last holder,
-    once it is surely the caller's (a late lease's refresh may have found it over)."""
-    if plan is not None and plan.handoff is not None:
-        events.handoff(source, lock.key, plan.handoff, lock.owner, lock.token)
+    once it is surely the caller's: after the refresh of a lease learnt late, which may
+    find it over, and after the ``lock_acquired`` receivers, which may give it back."""
+    if handoff is not None:
+        events.handoff(source, lock.key, handoff, lock.owner, lock.token)
 
 
 def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:

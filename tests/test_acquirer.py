@@ -121,8 +121,17 @@ def test_the_plan_notes_a_handoff_however_the_waiter_learnt_of_it() -> None:
     assert plan.handoff == "them"
     # Taken by the attempt itself: no handoff.
     plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
-    assert plan.answered(101.0, _info(remaining=29.0, owner=OWNER), seen=1, told=told)
+    assert plan.answered(101.0, _info(remaining=29.0, owner=OWNER), seen=1, told=older)
     assert plan.handoff is None
+    # A ttl no longer than the first lease: only the wake-up for this lease tells it.
+    short = _request(ttl=2.0)
+    lease = _info(remaining=1.0, owner=OWNER, ttl=2.0)
+    plan = WaitPlan(short, None, 100.0, _info(remaining=20.0, position=0))
+    assert plan.answered(101.0, lease, seen=1, told=older) is lease
+    assert plan.handoff is None
+    plan = WaitPlan(short, None, 100.0, _info(remaining=20.0, position=0))
+    assert plan.answered(101.0, lease, seen=1, told=told) is lease
+    assert plan.handoff == "them"
     # Told by the wake-up; a handed lease found over renames the request and forgets it.
     plan = WaitPlan(request, None, 100.0, _info(remaining=20.0, position=0))
     wake_up = Handoff(OWNER, 8, plan.info.now, None, previous="them")

@@ -196,9 +196,10 @@ def test_counts_are_flushed_in_the_refreshers_tick_into_a_ttl_collection(
     assert doc["released"] == 3
     kinds = [event["kind"] for event in doc["events"]]
     # The release handed the lock to the waiter, which learnt of it from its change
-    # stream or found it its own at its next attempt: one handoff either way.
+    # stream or found it its own at its next attempt: one handoff either way (none if
+    # the waiter stalled past its first lease and then took the key itself).
     assert [kind for kind in kinds if kind != "handoff"] == ["timeout"]
-    assert doc.get("handoffs", 0) == kinds.count("handoff") == 1
+    assert doc.get("handoffs", 0) == kinds.count("handoff") <= 1
     index = store.stats.index_information()[queries.STATS_TTL_INDEX]
     assert index["expireAfterSeconds"] == queries.STATS_RETENTION
     assert store.check_index().action == "unchanged"

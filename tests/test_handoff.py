@@ -272,7 +272,8 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
 
 def _waits_on_as_a_new_acquisition(manager: LockManager, other: LockManager, key: str) -> None:
     """``other`` waits behind a holder of ``key`` that releases: the waiter, too late for
-    the lease handed to it, ends up holding the key with a new owner id and token."""
+    the lease handed to it, ends up holding the key with a new owner id and token, which
+    it took itself (no handoff is told)."""
     holder = manager.acquire(key, ttl=30)
     box: list[Any] = []
 
@@ -282,17 +283,19 @@ def _waits_on_as_a_new_acquisition(manager: LockManager, other: LockManager, key
         except Exception as exc:  # reported to the test
             box.append(exc)
 
-    thread = threading.Thread(target=wait)
-    thread.start()
-    _until(lambda: bool(_status(manager, key).waiting))
-    assert holder.release()
-    handed = _status(manager, key)
-    assert handed.owner not in (None, holder.owner)
-    thread.join(BOUND)
+    with _handoffs_told(key) as told:
+        thread = threading.Thread(target=wait)
+        thread.start()
+        _until(lambda: bool(_status(manager, key).waiting))
+        assert holder.release()
+        handed = _status(manager, key)
+        assert handed.owner not in (None, holder.owner)
+        thread.join(BOUND)
     [lock] = box
     assert isinstance(lock, Lock), lock
     assert lock.owner != handed.owner
     assert lock.token > handed.token
+    assert told == []
     assert lock.valid
     assert lock.release()
 
