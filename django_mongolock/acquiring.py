@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from django_mongolock import clock, events
-from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, handed_over, late
+from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.info import LockInfo
@@ -89,8 +89,9 @@ def acquire(
                 if not isinstance(exc, MongoLockError):
                     _abandon(store, request if plan is None else plan.request)
                 raise
-    handoff = _handoff(plan, mine, request)
-    mine = first_lease(mine, request)
+    first = first_lease(mine, request)
+    handoff = _handoff(plan, mine, first)
+    mine = first
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):
         sent_at = clock.now()
         confirmed = store.refresh(
@@ -187,8 +188,9 @@ async def aacquire(
                 if not isinstance(exc, MongoLockError | GeneratorExit):
                     await _leave_line(store, request if plan is None else plan.request)
                 raise
-    handoff = _handoff(plan, mine, request)
-    mine = first_lease(mine, request)
+    first = first_lease(mine, request)
+    handoff = _handoff(plan, mine, first)
+    mine = first
     if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):  # see acquire
         sent_at = clock.now()
         confirmed = await store.refresh(
@@ -253,16 +255,17 @@ async def _await(
             return sent_at, mine
 
 
-def _handoff(plan: WaitPlan | None, mine: LockInfo, request: Request) -> str | None:
+def _handoff(plan: WaitPlan | None, mine: LockInfo, first: LockInfo) -> str | None:
     """Who handed ``mine`` over ("" if nobody said), or None if it was not handed over.
 
     Without a plan, the first attempt took the key: handed over only if a release
     handed it to the place that attempt had taken in line when its reply was lost,
-    before the same attempt was sent again.
+    before the same attempt was sent again. ``first`` is ``first_lease(mine, ...)``,
+    computed once by the caller: a shorter first lease is what tells (``handed_over``).
     """
     if plan is not None:
         return plan.handoff
-    return "" if handed_over(mine, request) else None
+    return "" if first.ttl < mine.ttl else None
 
 
 def _told(source: Source, handoff: str | None, lock: Lock) -> None:
