@@ -46,14 +46,23 @@ def test_check_raises_once_a_force_release_is_noticed(
 
 def test_check_raises_past_the_local_deadline_without_io(manager: LockManager) -> None:
     lock = manager.acquire("check-lapsed", ttl=0.3, refresh=False)
+    lock.check()  # a fresh lease passes
     deadline = time.monotonic() + 10
-    while lock.remaining > 0:
-        lock.check()  # passes until the lease ends
+    # Check until it raises, then ask whether the lease had ended: reading `remaining`
+    # first and checking after would race the lease's end between the two calls.
+    reason = ""
+    while not reason:
+        try:
+            lock.check()
+        except LockLost as lost:
+            reason = lost.reason
         assert time.monotonic() < deadline, "the lease never ended"
         time.sleep(0.01)
+    assert "lease ended" in reason
+    assert lock.remaining == 0
+    assert lock.lost.is_set()
     with pytest.raises(LockLost, match="lease ended"):
         lock.check()
-    assert lock.lost.is_set()
 
 
 def test_check_in_a_forked_child_raises(manager: LockManager) -> None:
