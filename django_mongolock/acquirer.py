@@ -75,6 +75,7 @@ class WaitPlan:
     """
 
     __slots__ = (
+        "_at_once",
         "_attempt",
         "_deadline",
         "_started",
@@ -95,13 +96,17 @@ class WaitPlan:
         self._started = sent_at
         self._deadline = None if limit is None else sent_at + limit
         self._attempt = 0
+        self._at_once = False  # renamed after its last answer: no place in line to keep
         # The releasing holder's owner id once a release handed this request its lease
         # ("" when nobody said whose); None while the lease was not handed over.
         self.handoff: str | None = None
 
     def wake_at(self, stream_since: float | None, now: float) -> float | None:
         """When to try again, given since when the change stream has been healthy."""
-        wanted, self._attempt = next_delay(self.info, stream_since, self.sent_at, self._attempt)
+        if self._at_once:
+            wanted = 0.0
+        else:
+            wanted, self._attempt = next_delay(self.info, stream_since, self.sent_at, self._attempt)
         if self._deadline is None:
             return now + wanted
         left = self._deadline - now
@@ -140,6 +145,7 @@ class WaitPlan:
         one of a ttl no longer than the first lease).
         """
         self.sent_at, self.info, self.seen = sent_at, info, seen
+        self._at_once = False
         mine = self.request.taken(info)
         if mine is not None:
             if told is not None and told.token == mine.token:
@@ -151,9 +157,11 @@ class WaitPlan:
     def rename(self, owner: str) -> None:
         """Wait on as a new acquisition: a lease a release handed to this one lapsed
         before it could take it, which ends that acquisition for good (a late duplicate
-        of its attempts must change nothing), but not the caller's wait."""
+        of its attempts must change nothing), but not the caller's wait. The new one has
+        no place in line yet: it tries at once."""
         self.request = replace(self.request, owner=owner)
         self.handoff = None
+        self._at_once = True
 
     def handed(self, handoff: Handoff | None) -> LockInfo | None:
         """The lease a release handed to this request, if ``handoff`` is one for it that
@@ -245,6 +253,18 @@ def handed_over(mine: LockInfo, request: Request) -> bool:
     no longer than that first lease does not tell.
     """
     return first_lease(mine, request).ttl < mine.ttl
+
+
+def behind(sent_at: float, mine: LockInfo, request: Request, now: float) -> bool:
+    """Whether a lease a wait found must be extended before the wait returns it.
+
+    Learnt late (see ``late``), or found by an attempt of the waiter's own with less than
+    half of the short first lease a release handed it left: the refresher's first tick,
+    within a third of that lease, might come after its end. A lease that turns out over
+    by then does not end the wait (``WaitPlan.rename``).
+    """
+    first = first_lease(mine, request)
+    return late(sent_at, first, now) or first.remaining < first.ttl / 2
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:

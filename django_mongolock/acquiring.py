@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from django_mongolock import clock, events
-from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, late
+from django_mongolock.acquirer import Request, WaitPlan, behind, busy, first_lease, late
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.info import LockInfo
@@ -126,15 +126,8 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            sent_at, request = plan.sent_at, plan.request
-            lease: LockInfo | None = handed
-            if late(sent_at, handed, clock.now()):
-                # Learnt too late to count on: extended now to the lease asked for, or
-                # found over, and then the wait goes on as a new acquisition.
-                sent_at = clock.now()
-                lease = store.refresh(request.key, request.owner, handed.token, request.ttl)
-            if lease is not None:
-                return sent_at, lease
+            if (kept := _kept(store, plan, plan.sent_at, handed)) is not None:
+                return kept
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
@@ -150,7 +143,39 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             info = store.acquire(**plan.request.arguments(queue=True))
         mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
-            return sent_at, mine
+            if (kept := _kept(store, plan, sent_at, mine)) is not None:
+                return kept
+            _renamed(source, plan, wake)
+
+
+def _kept(
+    store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo
+) -> tuple[float, LockInfo] | None:
+    """``lease``, found while waiting, as the wait's answer: extended first to the ttl
+    asked for when it is ``behind``; None when that finds it over, and the wait goes on
+    as a new acquisition."""
+    request = plan.request
+    if not behind(sent_at, lease, request, clock.now()):
+        return sent_at, lease
+    sent_at = clock.now()
+    extended = store.refresh(
+        request.key, request.owner, lease.token, request.ttl, shared=request.shared
+    )
+    return None if extended is None else (sent_at, extended)
+
+
+async def _akept(
+    store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo
+) -> tuple[float, LockInfo] | None:
+    """``_kept`` for coroutines."""
+    request = plan.request
+    if not behind(sent_at, lease, request, clock.now()):
+        return sent_at, lease
+    sent_at = clock.now()
+    extended = await store.refresh(
+        request.key, request.owner, lease.token, request.ttl, shared=request.shared
+    )
+    return None if extended is None else (sent_at, extended)
 
 
 @events.aobserved
@@ -230,13 +255,8 @@ async def _await(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            sent_at, request = plan.sent_at, plan.request
-            lease: LockInfo | None = handed
-            if late(sent_at, handed, clock.now()):  # see _wait
-                sent_at = clock.now()
-                lease = await store.refresh(request.key, request.owner, handed.token, request.ttl)
-            if lease is not None:
-                return sent_at, lease
+            if (kept := await _akept(store, plan, plan.sent_at, handed)) is not None:
+                return kept
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # see _wait
@@ -252,7 +272,9 @@ async def _await(
             info = await _shielded(store, plan.request, queue=True)
         mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
-            return sent_at, mine
+            if (kept := await _akept(store, plan, sent_at, mine)) is not None:
+                return kept
+            _renamed(source, plan, wake)
 
 
 def _handoff(plan: WaitPlan | None, mine: LockInfo, first: LockInfo) -> str | None:
@@ -277,12 +299,13 @@ def _told(source: Source, handoff: str | None, lock: Lock) -> None:
 
 
 def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
-    """Go on waiting as a new acquisition after the attempt found this one ended.
+    """Go on waiting as a new acquisition after this one's lease was found over.
 
-    While waiting, only a lease a release handed over can end the acquisition (the
-    store refuses, as for any request whose lease ended before it took it): it lapsed
-    before the waiter learnt of it. The caller's wait is not over: it joins the line
-    again under a new owner id, and that lapsed lease stays over for good.
+    While waiting, a lease ends before the waiter can take it when it was learnt too
+    late: handed over by a release (the store then refuses the next attempt, as for any
+    request whose lease ended before it took it), or found by an attempt whose answer
+    came after its end. The caller's wait is not over: it tries again at once under a
+    new owner id, and that lapsed lease stays over for good.
     """
     plan.rename(source.new_owner())
     wake.owner = plan.request.owner
@@ -292,7 +315,8 @@ def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
 def _unkept(mine: LockInfo, request: Request, keep: bool) -> bool:
     """A lock handed over by a release has a short first lease (see ``WaitPlan.handed``):
     it is extended to the ttl asked for before it is returned without the refresher, or
-    with less than half of that first lease left (found by a late attempt of its own)."""
+    with less than half of that first lease left (a wait sees to that itself, ``_kept``;
+    here, a first attempt sent again after a lost reply that finds the lock handed)."""
     return mine.ttl < request.ttl and (not keep or mine.remaining < mine.ttl / 2)
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django_mongolock.acquirer import BEHIND_IN_LINE, Request, WaitPlan, handed_over, late
+from django_mongolock.acquirer import (
+    BEHIND_IN_LINE,
+    Request,
+    WaitPlan,
+    behind,
+    handed_over,
+    late,
+)
 from django_mongolock.info import LockInfo
 from django_mongolock.waiters import Handoff
 
@@ -89,6 +96,30 @@ def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
     a refresh would take as long, and an uncontended acquire is one round trip."""
     assert not late(100.0, _info(remaining=0.004, ttl=0.004), now=100.003)
     assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
+
+
+def test_a_lease_a_wait_found_with_too_little_left_is_extended_first() -> None:
+    """Behind: learnt late, or handed over with less than half its first lease left by
+    the time an attempt of the waiter's own found it."""
+    request = _request()
+    # Handed 1 s ago, 1.5 s of its 2.5 s first lease left, answered at once: kept as is.
+    assert not behind(100.0, _info(remaining=1.5, owner=OWNER), request, now=100.01)
+    # Handed 1 s ago with 0.4 s of its 1.4 s left: the refresher might tick too late.
+    assert behind(100.0, _info(remaining=0.4, owner=OWNER), request, now=100.01)
+    # Taken by the attempt itself, answered at once: kept; answered late: bounded again.
+    assert not behind(100.0, _info(remaining=29.0, owner=OWNER), request, now=100.01)
+    assert behind(100.0, _info(remaining=29.0, owner=OWNER), request, now=120.0)
+
+
+def test_a_renamed_wait_tries_again_at_once_but_never_past_its_timeout() -> None:
+    plan = WaitPlan(_request(), 5.0, 100.0, _info(remaining=20.0))
+    assert plan.wake_at(stream_since=99.0, now=100.5) == 105.0  # the holder's lease, cut
+    plan.rename("me:1:000000000002")
+    assert plan.wake_at(stream_since=99.0, now=100.5) == 100.5  # no place in line to keep
+    assert plan.wake_at(stream_since=99.0, now=105.0) is None
+    # Once that attempt is answered, the schedule is the usual one again.
+    assert plan.answered(101.0, _info(remaining=20.0, position=0), seen=0) is None
+    assert plan.wake_at(stream_since=99.0, now=101.5) == 105.0
 
 
 def test_an_attempt_tells_a_handed_lease_by_its_short_first_lease() -> None:

@@ -23,8 +23,10 @@ import pytest
 from pymongo import MongoClient
 
 from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, acquiring, events
+from django_mongolock.astore import AsyncLockStore
 from django_mongolock.info import LockInfo
 from django_mongolock.queries import FREED_EVENTS, HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.store import LockStore
 from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
 from tests.test_targeting import RecordedManager, Recorder, Sent
@@ -270,16 +272,57 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     _waits_on_as_a_new_acquisition(manager, other, "handoff-slow")
 
 
-def _waits_on_as_a_new_acquisition(manager: LockManager, other: LockManager, key: str) -> None:
+@pytest.mark.parametrize("waiter", ["thread", "coroutine"])
+def test_a_waiter_whose_attempt_finds_its_handed_lease_too_late_waits_on(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch, waiter: str
+) -> None:
+    """The waiter's own attempt finds the lock handed to it, but the answer comes after
+    the first lease's end (a stalled reply): the refresh that would extend the lease
+    finds it over, and the wait goes on as a new acquisition instead of failing before
+    its timeout."""
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)  # it polls
+    acquire, aacquire = LockStore.acquire, AsyncLockStore.acquire
+
+    def handed(answer: LockInfo, arguments: dict[str, Any]) -> bool:
+        request = acquirer.Request(arguments["key"], arguments["owner"], arguments["ttl"])
+        return answer.owner == request.owner and acquirer.handed_over(answer, request)
+
+    def stalled(self: LockStore, **arguments: Any) -> LockInfo:
+        answer = acquire(self, **arguments)
+        if handed(answer, arguments):
+            time.sleep(FIRST_LEASE + 0.5)
+        return answer
+
+    async def astalled(self: AsyncLockStore, **arguments: Any) -> LockInfo:
+        answer = await aacquire(self, **arguments)
+        if handed(answer, arguments):
+            await asyncio.sleep(FIRST_LEASE + 0.5)
+        return answer
+
+    monkeypatch.setattr(LockStore, "acquire", stalled)
+    monkeypatch.setattr(AsyncLockStore, "acquire", astalled)
+    key = f"handoff-answered-late-{waiter}"
+
+    def take() -> Lock:
+        if waiter == "coroutine":
+            return asyncio.run(other.aacquire(key, ttl=30, timeout=BOUND))
+        return other.acquire(key, ttl=30, timeout=BOUND)
+
+    _waits_on_as_a_new_acquisition(manager, other, key, take)
+
+
+def _waits_on_as_a_new_acquisition(
+    manager: LockManager, other: LockManager, key: str, take: Any = None
+) -> None:
     """``other`` waits behind a holder of ``key`` that releases: the waiter, too late for
     the lease handed to it, ends up holding the key with a new owner id and token, which
-    it took itself (no handoff is told)."""
+    it took itself (no handoff is told). ``take`` is the wait (``other.acquire``)."""
     holder = manager.acquire(key, ttl=30)
     box: list[Any] = []
 
     def wait() -> None:
         try:
-            box.append(other.acquire(key, ttl=30, timeout=BOUND))
+            box.append(take() if take else other.acquire(key, ttl=30, timeout=BOUND))
         except Exception as exc:  # reported to the test
             box.append(exc)
 
@@ -599,8 +642,8 @@ def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
     manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A handoff learnt with less than half its first lease left (here: always, by
-    ``late``) is extended to the ttl asked for by one refresh before acquire returns."""
-    monkeypatch.setattr(acquiring, "late", lambda sent_at, mine, now: True)
+    ``behind``) is extended to the ttl asked for by one refresh before acquire returns."""
+    monkeypatch.setattr(acquiring, "behind", lambda sent_at, mine, request, now: True)
     key = "handoff-told-late-live"
     _stream_open(other)
     with _handoffs_told(key) as told:
