@@ -186,7 +186,7 @@ def test_a_closed_manager_loses_with_refresh_failed(
 def test_a_lease_that_lapses_while_the_server_is_unreachable(
     manager: LockManager, seen: list[events.Event]
 ) -> None:
-    lock = manager.acquire("ev-unreachable", ttl=0.3, refresh=False)
+    lock = manager.acquire("ev-unreachable", ttl=1.0, refresh=False)
     # What the manager's lane reports when its refresh write does not get through.
     events.tick(manager, 0.0, 0.0, 1, 0.1, ok=False)
     try:

@@ -45,7 +45,7 @@ def test_check_raises_once_a_force_release_is_noticed(
 
 
 def test_check_raises_past_the_local_deadline_without_io(manager: LockManager) -> None:
-    lock = manager.acquire("check-lapsed", ttl=0.3, refresh=False)
+    lock = manager.acquire("check-lapsed", ttl=1.0, refresh=False)
     lock.check()  # a fresh lease passes
     deadline = time.monotonic() + 10
     # Check until it raises, then ask whether the lease had ended: reading `remaining`
@@ -87,7 +87,7 @@ def test_check_in_a_forked_child_raises(manager: LockManager) -> None:
 
 def test_a_loss_hook_runs_when_lost_is_set_and_not_after_removal(manager: LockManager) -> None:
     calls: list[str] = []
-    lock = manager.acquire("hooks", ttl=0.3, refresh=False)
+    lock = manager.acquire("hooks", ttl=1.0, refresh=False)
     assert lock.add_loss_hook(lambda: calls.append("kept"))
     removed = lambda: calls.append("removed")  # noqa: E731
     assert lock.add_loss_hook(removed)
