@@ -24,7 +24,16 @@ from django_mongolock.info import LockInfo
 from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
 from django_mongolock.waiters import Handoff
 
-__all__ = ["Request", "WaitPlan", "busy", "first_lease", "handed_over", "late", "next_delay"]
+__all__ = [
+    "Request",
+    "WaitPlan",
+    "busy",
+    "first_lease",
+    "handed_over",
+    "late",
+    "must_extend",
+    "next_delay",
+]
 
 # Back-off of a blocked acquirer: doubling from 10 ms up to 500 ms, each sleep drawn from
 # [half, full] of that, and never past the holder's lease end or the caller's timeout.
@@ -155,13 +164,21 @@ class WaitPlan:
         return mine
 
     def rename(self, owner: str) -> None:
-        """Wait on as a new acquisition: a lease a release handed to this one lapsed
-        before it could take it, which ends that acquisition for good (a late duplicate
-        of its attempts must change nothing), but not the caller's wait. The new one has
-        no place in line yet: it tries at once."""
-        self.request = replace(self.request, owner=owner)
+        """Wait on as a new acquisition: the lease this one got (handed over by a
+        release, or taken by an attempt whose answer came too late) ended before it
+        could count on it, which ends that acquisition for good (a late duplicate of its
+        attempts must change nothing), but not the caller's wait. The new one has no
+        place in line yet: it tries at once, and joins the line at its end."""
+        old, self.request = self.request.owner, replace(self.request, owner=owner)
         self.handoff = None
         self._at_once = True
+        # The last answer named the old owner id as a holder: not somebody to blame.
+        info = self.info
+        self.info = replace(
+            info,
+            owner="" if info.owner == old else info.owner,
+            holders=tuple(holder for holder in info.holders if holder.owner != old),
+        )
 
     def handed(self, handoff: Handoff | None) -> LockInfo | None:
         """The lease a release handed to this request, if ``handoff`` is one for it that
@@ -255,16 +272,20 @@ def handed_over(mine: LockInfo, request: Request) -> bool:
     return first_lease(mine, request).ttl < mine.ttl
 
 
-def behind(sent_at: float, mine: LockInfo, request: Request, now: float) -> bool:
-    """Whether a lease a wait found must be extended before the wait returns it.
+def must_extend(
+    sent_at: float, first: LockInfo, request: Request, now: float, *, keep: bool = True
+) -> bool:
+    """Whether a lease just got must be extended to the ttl asked for before it is
+    returned; ``first`` is its ``first_lease``.
 
-    Learnt late (see ``late``), or found by an attempt of the waiter's own with less than
-    half of the short first lease a release handed it left: the refresher's first tick,
-    within a third of that lease, might come after its end. A lease that turns out over
-    by then does not end the wait (``WaitPlan.rename``).
+    An answer learnt late (see ``late``); or the short first lease a release handed over
+    when no refresher will extend it (``keep`` False), or with less than half of it left
+    (found by an attempt some time after the release): the refresher's first tick,
+    within a third of that lease, might come after its end. While waiting, a lease that
+    turns out over by then does not end the wait (``WaitPlan.rename``).
     """
-    first = first_lease(mine, request)
-    return late(sent_at, first, now) or first.remaining < first.ttl / 2
+    handed = first.ttl < request.ttl
+    return late(sent_at, first, now) or (handed and (not keep or first.remaining < first.ttl / 2))
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from django_mongolock import clock, events
-from django_mongolock.acquirer import Request, WaitPlan, behind, busy, first_lease, late
+from django_mongolock.acquirer import Request, WaitPlan, busy, first_lease, must_extend
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockNotAcquired, MongoLockError
 from django_mongolock.info import LockInfo
@@ -81,7 +81,7 @@ def acquire(
                 mine = request.taken(info)
                 if mine is None:
                     plan = WaitPlan(request, wait, sent_at, info)
-                    sent_at, mine = _wait(source, store, plan, wake)
+                    sent_at, mine = _wait(source, store, plan, wake, keep)
                     request = plan.request
             except BaseException as exc:
                 # A timeout left the line already; a server error leaves the place to
@@ -92,7 +92,8 @@ def acquire(
     first = first_lease(mine, request)
     handoff = _handoff(plan, mine, first)
     mine = first
-    if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):
+    # A wait returns its lease ready (``_kept``): a stall since is any holder's stall.
+    if plan is None and must_extend(sent_at, mine, request, clock.now(), keep=keep):
         sent_at = clock.now()
         confirmed = store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -108,7 +109,9 @@ def acquire(
 
 
 @events.waited
-def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple[float, LockInfo]:
+def _wait(
+    source: Source, store: LockStore, plan: WaitPlan, wake: Wake, keep: bool
+) -> tuple[float, LockInfo]:
     """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
     watcher = source.watcher
     watcher.ensure_running()
@@ -126,7 +129,7 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if (kept := _kept(store, plan, plan.sent_at, handed)) is not None:
+            if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()
@@ -143,19 +146,19 @@ def _wait(source: Source, store: LockStore, plan: WaitPlan, wake: Wake) -> tuple
             info = store.acquire(**plan.request.arguments(queue=True))
         mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
-            if (kept := _kept(store, plan, sent_at, mine)) is not None:
+            if (kept := _kept(store, plan, sent_at, mine, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
 
 
 def _kept(
-    store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo
+    store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
-    """``lease``, found while waiting, as the wait's answer: extended first to the ttl
-    asked for when it is ``behind``; None when that finds it over, and the wait goes on
-    as a new acquisition."""
+    """``lease``, got while waiting, as the wait's answer: first extended to the ttl
+    asked for when it ``must_extend``; None when that finds it over, and the wait goes
+    on as a new acquisition."""
     request = plan.request
-    if not behind(sent_at, lease, request, clock.now()):
+    if not must_extend(sent_at, first_lease(lease, request), request, clock.now(), keep=keep):
         return sent_at, lease
     sent_at = clock.now()
     extended = store.refresh(
@@ -165,11 +168,11 @@ def _kept(
 
 
 async def _akept(
-    store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo
+    store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """``_kept`` for coroutines."""
     request = plan.request
-    if not behind(sent_at, lease, request, clock.now()):
+    if not must_extend(sent_at, first_lease(lease, request), request, clock.now(), keep=keep):
         return sent_at, lease
     sent_at = clock.now()
     extended = await store.refresh(
@@ -204,7 +207,7 @@ async def aacquire(
                 mine = request.taken(info)
                 if mine is None:
                     plan = WaitPlan(request, wait, sent_at, info)
-                    sent_at, mine = await _await(source, store, plan, wake)
+                    sent_at, mine = await _await(source, store, plan, wake, keep)
                     request = plan.request
             except BaseException as exc:
                 # Cancelled (a task cancelled, a request aborted): leave the line as
@@ -216,7 +219,7 @@ async def aacquire(
     first = first_lease(mine, request)
     handoff = _handoff(plan, mine, first)
     mine = first
-    if late(sent_at, mine, clock.now()) or _unkept(mine, request, keep):  # see acquire
+    if plan is None and must_extend(sent_at, mine, request, clock.now(), keep=keep):
         sent_at = clock.now()
         confirmed = await store.refresh(
             request.key, request.owner, mine.token, request.ttl, shared=request.shared
@@ -231,7 +234,7 @@ async def aacquire(
 
 @events.awaited
 async def _await(
-    source: Source, store: AsyncLockStore, plan: WaitPlan, wake: AsyncWake
+    source: Source, store: AsyncLockStore, plan: WaitPlan, wake: AsyncWake, keep: bool
 ) -> tuple[float, LockInfo]:
     """``_wait`` for coroutines."""
     watcher = source.watcher
@@ -255,7 +258,7 @@ async def _await(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if (kept := await _akept(store, plan, plan.sent_at, handed)) is not None:
+            if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()
@@ -272,7 +275,7 @@ async def _await(
             info = await _shielded(store, plan.request, queue=True)
         mine = plan.answered(sent_at, info, seen, wake.handed)
         if mine is not None:
-            if (kept := await _akept(store, plan, sent_at, mine)) is not None:
+            if (kept := await _akept(store, plan, sent_at, mine, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
 
@@ -310,14 +313,6 @@ def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
     plan.rename(source.new_owner())
     wake.owner = plan.request.owner
     wake.handed = None
-
-
-def _unkept(mine: LockInfo, request: Request, keep: bool) -> bool:
-    """A lock handed over by a release has a short first lease (see ``WaitPlan.handed``):
-    it is extended to the ttl asked for before it is returned without the refresher, or
-    with less than half of that first lease left (a wait sees to that itself, ``_kept``;
-    here, a first attempt sent again after a lost reply that finds the lock handed)."""
-    return mine.ttl < request.ttl and (not keep or mine.remaining < mine.ttl / 2)
 
 
 def _full(mine: LockInfo, request: Request) -> float | None:

@@ -8,24 +8,31 @@ from django_mongolock.acquirer import (
     BEHIND_IN_LINE,
     Request,
     WaitPlan,
-    behind,
+    first_lease,
     handed_over,
     late,
+    must_extend,
 )
 from django_mongolock.info import LockInfo
 from django_mongolock.waiters import Handoff
 
 
 def _info(
-    *, remaining: float, position: int = 0, owner: str = "holder", ttl: float = 30.0
+    *,
+    remaining: float,
+    position: int = 0,
+    owner: str = "holder",
+    ttl: float = 30.0,
+    age: float = 1.0,
 ) -> LockInfo:
+    """A lock as an answer shows it: taken ``age`` seconds ago, ``remaining`` left."""
     now = datetime.now(UTC)
     return LockInfo(
         key="k",
         owner=owner,
         token=7,
-        acquired_at=now - timedelta(seconds=1),
-        refreshed_at=now - timedelta(seconds=1),
+        acquired_at=now - timedelta(seconds=age),
+        refreshed_at=now - timedelta(seconds=age),
         expires_at=now + timedelta(seconds=remaining),
         ttl=ttl,
         now=now,
@@ -98,25 +105,41 @@ def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
     assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
 
 
-def test_a_lease_a_wait_found_with_too_little_left_is_extended_first() -> None:
-    """Behind: learnt late, or handed over with less than half its first lease left by
-    the time an attempt of the waiter's own found it."""
+def test_a_lease_got_with_too_little_left_is_extended_before_it_is_returned() -> None:
+    """Learnt late, or handed over with less than half its first lease left by the time
+    an attempt of the waiter's own found it, or handed over with no refresher to come."""
     request = _request()
-    # Handed 1 s ago, 1.5 s of its 2.5 s first lease left, answered at once: kept as is.
-    assert not behind(100.0, _info(remaining=1.5, owner=OWNER), request, now=100.01)
-    # Handed 1 s ago with 0.4 s of its 1.4 s left: the refresher might tick too late.
-    assert behind(100.0, _info(remaining=0.4, owner=OWNER), request, now=100.01)
-    # Taken by the attempt itself, answered at once: kept; answered late: bounded again.
-    assert not behind(100.0, _info(remaining=29.0, owner=OWNER), request, now=100.01)
-    assert behind(100.0, _info(remaining=29.0, owner=OWNER), request, now=120.0)
+
+    def extend(lease: LockInfo, now: float = 100.01, keep: bool = True) -> bool:
+        return must_extend(100.0, first_lease(lease, request), request, now, keep=keep)
+
+    # Handed 0.5 s ago with a 2 s first lease, answered at once: the refresher extends it.
+    fresh = _info(remaining=1.5, owner=OWNER, age=0.5)
+    assert not extend(fresh)
+    assert extend(fresh, keep=False)  # no refresher will
+    # Handed 1.6 s ago: 0.4 s of it left, the refresher might tick too late.
+    assert extend(_info(remaining=0.4, owner=OWNER, age=1.6))
+    # Taken by the attempt itself: kept as it is, unless answered late.
+    taken = _info(remaining=29.0, owner=OWNER)
+    assert not extend(taken)
+    assert not extend(taken, keep=False)
+    assert extend(taken, now=120.0)
+    # A ttl no longer than the first lease is the lease asked for, handed over or not.
+    short = _request(ttl=2.0)
+    lease = _info(remaining=1.5, owner=OWNER, ttl=2.0, age=0.5)
+    assert not must_extend(100.0, first_lease(lease, short), short, 100.01, keep=False)
 
 
 def test_a_renamed_wait_tries_again_at_once_but_never_past_its_timeout() -> None:
     plan = WaitPlan(_request(), 5.0, 100.0, _info(remaining=20.0))
     assert plan.wake_at(stream_since=99.0, now=100.5) == 105.0  # the holder's lease, cut
+    # The last answer said the key was this acquisition's (a lease it could not keep).
+    plan.answered(100.6, _info(remaining=0.1, owner=OWNER), seen=0)
     plan.rename("me:1:000000000002")
     assert plan.wake_at(stream_since=99.0, now=100.5) == 100.5  # no place in line to keep
     assert plan.wake_at(stream_since=99.0, now=105.0) is None
+    # Giving up then names no holder: the old owner id was the waiter's own.
+    assert plan.busy(now=105.0).holder is None
     # Once that attempt is answered, the schedule is the usual one again.
     assert plan.answered(101.0, _info(remaining=20.0, position=0), seen=0) is None
     assert plan.wake_at(stream_since=99.0, now=101.5) == 105.0

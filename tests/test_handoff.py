@@ -272,9 +272,15 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     _waits_on_as_a_new_acquisition(manager, other, "handoff-slow")
 
 
-@pytest.mark.parametrize("waiter", ["thread", "coroutine"])
+@pytest.mark.parametrize(
+    ("waiter", "refresh"), [("thread", True), ("coroutine", True), ("thread", False)]
+)
 def test_a_waiter_whose_attempt_finds_its_handed_lease_too_late_waits_on(
-    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch, waiter: str
+    manager: LockManager,
+    other: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+    waiter: str,
+    refresh: bool,
 ) -> None:
     """The waiter's own attempt finds the lock handed to it, but the answer comes after
     the first lease's end (a stalled reply): the refresh that would extend the lease
@@ -282,10 +288,14 @@ def test_a_waiter_whose_attempt_finds_its_handed_lease_too_late_waits_on(
     its timeout."""
     monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)  # it polls
     acquire, aacquire = LockStore.acquire, AsyncLockStore.acquire
+    stalls: list[str] = []
 
     def handed(answer: LockInfo, arguments: dict[str, Any]) -> bool:
         request = acquirer.Request(arguments["key"], arguments["owner"], arguments["ttl"])
-        return answer.owner == request.owner and acquirer.handed_over(answer, request)
+        if answer.owner == request.owner and acquirer.handed_over(answer, request):
+            stalls.append(request.owner)
+            return True
+        return False
 
     def stalled(self: LockStore, **arguments: Any) -> LockInfo:
         answer = acquire(self, **arguments)
@@ -301,19 +311,22 @@ def test_a_waiter_whose_attempt_finds_its_handed_lease_too_late_waits_on(
 
     monkeypatch.setattr(LockStore, "acquire", stalled)
     monkeypatch.setattr(AsyncLockStore, "acquire", astalled)
-    key = f"handoff-answered-late-{waiter}"
+    key = f"handoff-answered-late-{waiter}-{refresh}"
 
     def take() -> Lock:
         if waiter == "coroutine":
-            return asyncio.run(other.aacquire(key, ttl=30, timeout=BOUND))
-        return other.acquire(key, ttl=30, timeout=BOUND)
+            return asyncio.run(other.aacquire(key, ttl=30, timeout=BOUND, refresh=refresh))
+        return other.acquire(key, ttl=30, timeout=BOUND, refresh=refresh)
 
-    _waits_on_as_a_new_acquisition(manager, other, key, take)
+    lock = _waits_on_as_a_new_acquisition(manager, other, key, take)
+    # The attempt did find the lock handed to it (and no later one did).
+    assert len(stalls) == 1
+    assert stalls != [lock.owner]
 
 
 def _waits_on_as_a_new_acquisition(
     manager: LockManager, other: LockManager, key: str, take: Any = None
-) -> None:
+) -> Lock:
     """``other`` waits behind a holder of ``key`` that releases: the waiter, too late for
     the lease handed to it, ends up holding the key with a new owner id and token, which
     it took itself (no handoff is told). ``take`` is the wait (``other.acquire``)."""
@@ -341,6 +354,7 @@ def _waits_on_as_a_new_acquisition(
     assert told == []
     assert lock.valid
     assert lock.release()
+    return lock
 
 
 def test_leaving_ends_a_lapsed_handed_lease_for_good(
@@ -642,8 +656,8 @@ def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
     manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A handoff learnt with less than half its first lease left (here: always, by
-    ``behind``) is extended to the ttl asked for by one refresh before acquire returns."""
-    monkeypatch.setattr(acquiring, "behind", lambda sent_at, mine, request, now: True)
+    ``must_extend``) is extended to the ttl asked for by one refresh before acquire returns."""
+    monkeypatch.setattr(acquiring, "must_extend", lambda *args, **kwargs: True)
     key = "handoff-told-late-live"
     _stream_open(other)
     with _handoffs_told(key) as told:
