@@ -152,6 +152,11 @@ def test_a_recorder_that_never_flushes_stays_bounded() -> None:
 
 def _contend(manager: LockManager, other: LockManager, key: str) -> None:
     """One acquisition that waits about 0.3 s, one refusal, one timeout."""
+    # Counts are kept per minute: start far enough from the next minute that all of
+    # this (a second or two) is counted in one.
+    into_minute = time.time() % 60
+    if into_minute > 45:
+        time.sleep(60.5 - into_minute)
     holder = manager.acquire(key, ttl=30)
     waiter = threading.Thread(target=lambda: other.acquire(key, timeout=20).release())
     waiter.start()
