@@ -52,7 +52,7 @@ def burst(command: str, url: str, database: str, starts: Path) -> list[subproces
         "MONGOLOCK_URL": url,
         "MONGOLOCK_DATABASE": database,
     }
-    at = time.time() + 1.5  # every launcher is asleep by then, even on a busy machine
+    at = time.time() + 3.0  # every launcher is asleep by then, even on a busy machine
     argv = [sys.executable, "-c", LAUNCH, repr(at), "-m", "django", command, "--no-color"]
     return [
         subprocess.Popen(

@@ -84,7 +84,7 @@ def test_a_skewed_clients_lease_ends_by_the_servers_clock(
         # Its own lease, not refreshed: it knows when it ends, and so does everybody else.
         own = skewed.call("acquire", name="own", key="own", ttl=ttl, refresh=False)
         assert own["ok"], own
-        assert ttl - 0.5 < own["remaining"] <= ttl
+        assert ttl / 2 < own["remaining"] <= ttl  # not an hour off; room for a stall
         assert abs(own["expires_at"] - (own["wall"] + own["remaining"])) > HOUR - 60, (
             "the lease end it reports is the server's time, not its own clock's"
         )
