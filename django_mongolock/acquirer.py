@@ -278,14 +278,15 @@ def must_extend(
     """Whether a lease just got must be extended to the ttl asked for before it is
     returned; ``first`` is its ``first_lease``.
 
-    An answer learnt late (see ``late``); or the short first lease a release handed over
-    when no refresher will extend it (``keep`` False), or with less than half of it left
-    (found by an attempt some time after the release): the refresher's first tick,
-    within a third of that lease, might come after its end. While waiting, a lease that
-    turns out over by then does not end the wait (``WaitPlan.rename``).
+    An answer learnt late (see ``late``); a lease with less than half of it left (a
+    first lease a release handed over, found by an attempt some time after): the
+    refresher's first tick, within a third of that lease, might come after its end; or
+    a first lease shorter than asked for when no refresher will extend it (``keep``
+    False). A lease just taken has all of it left: no extra round trip. While waiting,
+    a lease that turns out over by then does not end the wait (``WaitPlan.rename``).
     """
     handed = first.ttl < request.ttl
-    return late(sent_at, first, now) or (handed and (not keep or first.remaining < first.ttl / 2))
+    return late(sent_at, first, now) or first.remaining < first.ttl / 2 or (handed and not keep)
 
 
 def late(sent_at: float, mine: LockInfo, now: float) -> bool:

@@ -295,8 +295,9 @@ def _handoff(plan: WaitPlan | None, mine: LockInfo, first: LockInfo) -> str | No
 
 def _told(source: Source, handoff: str | None, lock: Lock) -> None:
     """Tell observers that ``lock`` came straight from the release of its last holder,
-    once it is surely the caller's: after the refresh of a lease learnt late, which may
-    find it over, and after the ``lock_acquired`` receivers, which may give it back."""
+    once it is surely the caller's: after the refresh that makes a lease ready (which,
+    finding it over, renames a wait and clears its handoff), and after the
+    ``lock_acquired`` receivers, which may give it back."""
     if handoff is not None:
         events.handoff(source, lock.key, handoff, lock.owner, lock.token)
 
@@ -305,10 +306,11 @@ def _renamed(source: Source, plan: WaitPlan, wake: Wake | AsyncWake) -> None:
     """Go on waiting as a new acquisition after this one's lease was found over.
 
     While waiting, a lease ends before the waiter can take it when it was learnt too
-    late: handed over by a release (the store then refuses the next attempt, as for any
-    request whose lease ended before it took it), or found by an attempt whose answer
-    came after its end. The caller's wait is not over: it tries again at once under a
-    new owner id, and that lapsed lease stays over for good.
+    late, or held up before the refresh that makes it ready (``_kept``): handed over by
+    a release (the store then refuses the next attempt, as for any request whose lease
+    ended before it took it), or found by an attempt whose answer came after its end.
+    The caller's wait is not over: it tries again at once under a new owner id, and
+    that lapsed lease stays over for good.
     """
     plan.rename(source.new_owner())
     wake.owner = plan.request.owner

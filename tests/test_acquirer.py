@@ -128,6 +128,9 @@ def test_a_lease_got_with_too_little_left_is_extended_before_it_is_returned() ->
     short = _request(ttl=2.0)
     lease = _info(remaining=1.5, owner=OWNER, ttl=2.0, age=0.5)
     assert not must_extend(100.0, first_lease(lease, short), short, 100.01, keep=False)
+    # ... but found with less than half of it left, it is extended all the same.
+    nearly = _info(remaining=0.4, owner=OWNER, ttl=2.0, age=1.6)
+    assert must_extend(100.0, first_lease(nearly, short), short, 100.01)
 
 
 def test_a_renamed_wait_tries_again_at_once_but_never_past_its_timeout() -> None:
