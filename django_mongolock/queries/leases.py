@@ -29,6 +29,7 @@ from django_mongolock.queries.handing import (
 )
 
 __all__ = [
+    "REFRESHED_LIVE",
     "RELEASE_PIPELINE",
     "SHARED_LEASES",
     "Release",
@@ -328,23 +329,32 @@ def refresh_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], 
 
     Each document keeps its own lease length (its ``ttl`` field). An owner id is unique
     per acquisition and its document holds one token for it, so key and owner name the
-    lease: the tokens need not travel (a third less to send and match). The same filter
-    finds, afterwards, the leases that are still live. The keys select the documents:
-    send it with a hint on ``_id``, or the planner also tries the TTL index, because the
-    filter mentions ``expires_at``.
+    lease: the tokens need not travel (a third less to send and match). The filter finds
+    the holders' documents by key and owner alone; whether a lease is still live is
+    decided in the pipeline, which leaves an ended one as it is, so the modified count
+    tells how many were extended. That keeps the filter a plain index lookup: an
+    ``$expr`` on ``expires_at`` in the filter made the same write a fifth to a half
+    slower over 10,000 leases. Send it with a hint on ``_id``; ``REFRESHED_LIVE`` finds,
+    afterwards, the leases that are still live.
     """
     keys = [key for key, _, _ in held]
     owners = [owner for _, owner, _ in held]
-    query = {"_id": {"$in": keys}, "owner": {"$in": owners}, "$expr": LIVE}
-    pipeline = [
-        {
-            "$set": {
-                "expires_at": {"$add": ["$$NOW", {"$multiply": ["$ttl", 1000]}]},
-                "refreshed_at": "$$NOW",
-            }
+    return {"_id": {"$in": keys}, "owner": {"$in": owners}}, list(REFRESH_MANY_PIPELINE)
+
+
+# Extends a live exclusive lease by its own ttl; leaves an ended one unchanged.
+REFRESH_MANY_PIPELINE: Final = (
+    {
+        "$set": {
+            "expires_at": {
+                "$cond": [LIVE, {"$add": ["$$NOW", {"$multiply": ["$ttl", 1000]}]}, "$expires_at"]
+            },
+            "refreshed_at": {"$cond": [LIVE, "$$NOW", "$refreshed_at"]},
         }
-    ]
-    return query, pipeline
+    },
+)
+# Added to ``refresh_many``'s filter: the leases among them that are live.
+REFRESHED_LIVE: Final = {"$expr": LIVE}
 
 
 def release_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], list[Any]]:

@@ -87,11 +87,21 @@ class HolderQueries(StoreBase):
         with self._translate:
             self.collection.update_one(*queries.leave_queue(key, owner))
 
-    def leave(self, key: str, owner: str) -> None:
+    def leave(self, key: str, owner: str, *, shared: bool = False) -> None:
         """Stop waiting: leave the line, or give back a lock a release handed over (one
-        write, see ``queries.leave``)."""
+        write, see ``queries.leave``).
+
+        With ``shared``, also give back a shared lease ``owner`` took, from an attempt
+        or a refresh cut short after the server applied it (a release never hands one
+        over): two writes, as the lease and the place are in different arrays.
+        """
         with self._translate:
-            self._send(queries.leave(key, owner).command(self.collection.name))
+            if shared:
+                undo = queries.give_up(key, owner, shared=True)
+                self._send(undo.command(self.collection.name))
+                self.leave_queue(key, owner)
+            else:
+                self._send(queries.leave(key, owner).command(self.collection.name))
 
     def _update(self, op: queries.Update) -> Any:
         return self.collection.find_one_and_update(
@@ -155,11 +165,14 @@ class HolderQueries(StoreBase):
         query, pipeline = queries.refresh_many(held)
         with self._translate:
             result = self.collection.update_many(query, pipeline, hint=_BY_ID)
-            if result.matched_count == len(held):
+            # Every live lease is modified (its refreshed_at moves on); one refreshed
+            # in the same millisecond is not, and the read below finds it live.
+            if result.modified_count == len(held):
                 return set()
+            live = {**query, **queries.REFRESHED_LIVE}
             alive = {
                 doc["owner"]
-                for doc in self.collection.find(query, projection={"owner": 1}, hint=_BY_ID)
+                for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
             }
         return {owner for _, owner, _ in held} - alive
 
