@@ -49,13 +49,16 @@ typecheck: venv
 docs: venv
 	$(BIN)/mkdocs build --strict
 
+# The tests' temporary files, mongod's data among them, live in memory where the machine has a
+# tmpfs (scripts/test-tmpdir.sh): a disk that stalls would end the tests' short leases.
 # Coverage starts before pytest: pytest imports entry-point plugins, django_mongolock.testing
 # among them (and so the whole package), before pytest-cov's --cov could start measuring.
 # pytest exits 5 when it collected nothing: that is a failure here, and said so.
 test: system-deps lint typecheck docs
 	@status=0; \
 	echo "$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS)"; \
-	$(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS) || status=$$?; \
+	bash scripts/test-tmpdir.sh $(BIN)/coverage run --source=django_mongolock -m pytest $(PYTEST_ARGS) \
+		|| status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no tests" >&2; fi; \
 	if [ $$status -ne 0 ]; then exit $$status; fi; \
 	echo "$(BIN)/coverage report --fail-under=85"; \
@@ -66,7 +69,7 @@ test: system-deps lint typecheck docs
 test-reliability: system-deps venv
 	@status=0; \
 	echo "$(BIN)/pytest tests/reliability $(PYTEST_ARGS)"; \
-	$(BIN)/pytest tests/reliability $(PYTEST_ARGS) || status=$$?; \
+	bash scripts/test-tmpdir.sh $(BIN)/pytest tests/reliability $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "error: pytest collected no reliability tests" >&2; fi; \
 	exit $$status
 
