@@ -193,7 +193,8 @@ def test_callbacks_that_raise_exit_or_block_stop_no_other_notice(
         locks = [blocks] + [
             manager.acquire(key, ttl=0.6, on_lost=on_lost) for key in ("cb-raises", "cb-exits")
         ]
-        kept = manager.acquire("cb-kept", ttl=1.0)
+        # 2 s: the refresher's ticks have room for a stalled thread or server.
+        kept = manager.acquire("cb-kept", ttl=2.0)
         # The first notice blocks forever in its callback; the others must still come.
         other.force_release("cb-blocks")
         assert blocks.lost.wait(5)
@@ -207,8 +208,8 @@ def test_callbacks_that_raise_exit_or_block_stop_no_other_notice(
             time.sleep(0.02)
         assert sorted(called) == ["cb-blocks", "cb-exits", "cb-raises"]
         assert sorted(signalled) == ["cb-blocks", "cb-exits", "cb-raises"]
-        # The refresher lives on: a fourth lock outlives three of its leases.
-        until = clock.now() + 3.5
+        # The refresher lives on: a fourth lock outlives two of its leases.
+        until = clock.now() + 4.5
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
@@ -226,11 +227,11 @@ def test_an_exit_inside_a_campaign_does_not_end_the_refresher(manager: LockManag
         if lock.key == "exit-election":
             sys.exit(4)
 
-    kept = manager.acquire("exit-kept", ttl=1.0)
+    kept = manager.acquire("exit-kept", ttl=2.0)  # room for a stalled thread or server
     lock_acquired.connect(exit_on_election, weak=False)
     election = manager.elect("exit-election", ttl=0.6)
     try:
-        until = clock.now() + 3.5
+        until = clock.now() + 4.5  # more than two leases
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)

@@ -300,7 +300,7 @@ def test_a_refresher_thread_that_dies_is_replaced_and_says_so(
     manager: LockManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     own = Refresher()
-    lock = manager.acquire("phoenix", ttl=1.0, refresh=False)
+    lock = manager.acquire("phoenix", ttl=2.0, refresh=False)  # room for a stall
     lock.refreshable = True
     lane = own._lane(manager)
     assert lane is not None
@@ -316,7 +316,7 @@ def test_a_refresher_thread_that_dies_is_replaced_and_says_so(
     lane._loop = dies_once  # type: ignore[method-assign]
     try:
         own.register(lock)
-        until = clock.now() + 3.5  # more than three leases
+        until = clock.now() + 4.5  # more than two leases
         while clock.now() < until:
             assert lock.valid
             time.sleep(0.05)
