@@ -21,7 +21,7 @@ from typing import Any
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
 from django_mongolock.info import LockInfo
-from django_mongolock.queries import HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.queries import HANDOFF_LEASE_MS, LINE_CHECK_MS, PLACE_GRACE_MS
 from django_mongolock.waiters import Handoff
 
 __all__ = [
@@ -42,6 +42,9 @@ BACKOFF_CAP = 0.5
 # How long a waiter behind others in line sleeps on the stream between attempts: well
 # within the grace period that keeps its place.
 BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
+# How often a waiter with others ahead looks again while the key is held: a handoff it
+# does not hear of cuts its place to this plus the grace period.
+LINE_CHECK = LINE_CHECK_MS / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +236,11 @@ def next_delay(
     # and trying again at once only spins while a waiter ahead keeps its place.
     running = info.held and info.next_free_in > 0
     if running and streamed:
-        # The stream was open before the last attempt: any release after it wakes us.
+        # The stream was open before the last attempt: a release that frees the key, or
+        # hands it to us or to the waiter just ahead, wakes us. A handoff to a waiter
+        # further ahead does not, and cuts our place: look again by then.
+        if info.position > 0:
+            return min(lease_end, LINE_CHECK), attempt
         return lease_end, attempt
     if streamed and info.position > 0:
         # Free, with others ahead in line: their releases wake us; the timer only keeps
@@ -285,11 +292,13 @@ def must_extend(
     False). A lease just taken has all of it left: no extra round trip. While waiting,
     a lease that turns out over by then does not end the wait (``WaitPlan.rename``).
     """
-    handed = first.ttl < request.ttl
-    return late(sent_at, first, now) or first.remaining < first.ttl / 2 or (handed and not keep)
+    if not keep and first.ttl < request.ttl:
+        return True
+    remaining = first.remaining  # one subtraction of datetimes, read once
+    return remaining < first.ttl / 2 or late(sent_at, remaining, first.ttl, now)
 
 
-def late(sent_at: float, mine: LockInfo, now: float) -> bool:
+def late(sent_at: float, remaining: float, ttl: float, now: float) -> bool:
     """Whether the answer was held up so long that less than half the lease is left by the
     holder's bound (sent + lease - margin).
 
@@ -298,10 +307,11 @@ def late(sent_at: float, mine: LockInfo, now: float) -> bool:
     then bound it again from a refresh sent on the connection now ready. A round trip
     within the minimum margin is a normal answer, even for a lease of milliseconds that
     it mostly uses up: a refresh would take as long, and an uncontended acquire is one
-    round trip.
+    round trip. ``remaining`` and ``ttl`` are the lease's, as answered.
     """
-    left = sent_at + mine.remaining - clock.margin(mine.ttl) - now
-    return now - sent_at > clock.MIN_MARGIN and left < mine.ttl / 2
+    if now - sent_at <= clock.MIN_MARGIN:
+        return False  # a normal round trip
+    return sent_at + remaining - clock.margin(ttl) - now < ttl / 2
 
 
 def busy(info: LockInfo, waited: float | None = None) -> LockNotAcquired:

@@ -66,16 +66,16 @@ def acquire(
     source = source._resolved()
     store = source.store
     plan: WaitPlan | None = None
-    if wait == 0:
-        sent_at = clock.now()
-        info = store.acquire(**request.arguments(queue=False))
-        mine = request.taken(info)
-        if mine is None:
-            raise busy(info)
-    else:
-        # Subscribe before the first attempt: a release right after it must wake us.
-        with source.waiters.subscribe(request.key, request.owner) as wake:
-            try:
+    try:
+        if wait == 0:
+            sent_at = clock.now()
+            info = store.acquire(**request.arguments(queue=False))
+            mine = request.taken(info)
+            if mine is None:
+                raise busy(info)
+        else:
+            # Subscribe before the first attempt: a release right after it must wake us.
+            with source.waiters.subscribe(request.key, request.owner) as wake:
                 sent_at = clock.now()
                 info = store.acquire(**request.arguments(queue=True))
                 mine = request.taken(info)
@@ -83,24 +83,21 @@ def acquire(
                     plan = WaitPlan(request, wait, sent_at, info)
                     sent_at, mine = _wait(source, store, plan, wake, keep)
                     request = plan.request
-            except BaseException as exc:
-                # A timeout left the line already; a server error leaves the place to
-                # lapse. Anything else (KeyboardInterrupt, ...) must not keep it.
-                if not isinstance(exc, MongoLockError):
-                    _abandon(store, request if plan is None else plan.request)
-                raise
-    first = first_lease(mine, request)
-    handoff = _handoff(plan, mine, first)
-    mine = first
-    # A wait returns its lease ready (``_kept``): a stall since is any holder's stall.
-    if plan is None and must_extend(sent_at, mine, request, clock.now(), keep=keep):
-        sent_at = clock.now()
-        confirmed = store.refresh(
-            request.key, request.owner, mine.token, request.ttl, shared=request.shared
-        )
-        if confirmed is None:
-            raise busy(mine)
-        mine = confirmed
+        if plan is None:
+            first = first_lease(mine, request)
+            handoff = _handoff(mine, first)
+            if (ready := _ready(store, request, sent_at, first, keep)) is None:
+                raise busy(first)
+            sent_at, mine = ready
+        else:
+            # A wait returns its lease ready: a stall since is any holder's stall.
+            handoff = plan.handoff
+    except BaseException as exc:
+        # A refusal or a timeout left the line already; a server error leaves the place
+        # to lapse. Anything else (KeyboardInterrupt, ...) must not keep it, nor a lease.
+        if not isinstance(exc, MongoLockError):
+            _abandon(store, request if plan is None else plan.request)
+        raise
     lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
     if announcing:
         announce(lock)
@@ -114,7 +111,7 @@ def _wait(
 ) -> tuple[float, LockInfo]:
     """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
     watcher = source.watcher
-    watcher.ensure_running()
+    watcher.ensure_running(plan.request.owner)
     while True:
         wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
         if wake_at is None:
@@ -134,7 +131,7 @@ def _wait(
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # a handoff from here on comes after this attempt
-        watcher.ensure_running()
+        watcher.ensure_running(plan.request.owner)
         seen, sent_at = wake.count, clock.now()
         try:
             info = store.acquire(**plan.request.arguments(queue=True))
@@ -154,29 +151,42 @@ def _wait(
 def _kept(
     store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
-    """``lease``, got while waiting, as the wait's answer: first extended to the ttl
-    asked for when it ``must_extend``; None when that finds it over, and the wait goes
-    on as a new acquisition."""
-    request = plan.request
-    if not must_extend(sent_at, first_lease(lease, request), request, clock.now(), keep=keep):
-        return sent_at, lease
-    sent_at = clock.now()
-    extended = store.refresh(
-        request.key, request.owner, lease.token, request.ttl, shared=request.shared
-    )
-    return None if extended is None else (sent_at, extended)
+    """``lease``, got while waiting, as the wait's answer (``_ready``); None when it is
+    found over, and the wait goes on as a new acquisition."""
+    return _ready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
 
 
 async def _akept(
     store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """``_kept`` for coroutines."""
-    request = plan.request
-    if not must_extend(sent_at, first_lease(lease, request), request, clock.now(), keep=keep):
-        return sent_at, lease
+    return await _aready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
+
+
+def _ready(
+    store: LockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
+) -> tuple[float, LockInfo] | None:
+    """A lease just got (its ``first_lease``), with when its request was sent, ready to
+    return: extended to the ttl asked for first when it ``must_extend``; None when that
+    finds it over."""
+    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
+        return sent_at, first
+    sent_at = clock.now()
+    extended = store.refresh(
+        request.key, request.owner, first.token, request.ttl, shared=request.shared
+    )
+    return None if extended is None else (sent_at, extended)
+
+
+async def _aready(
+    store: AsyncLockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
+) -> tuple[float, LockInfo] | None:
+    """``_ready`` for coroutines."""
+    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
+        return sent_at, first
     sent_at = clock.now()
     extended = await store.refresh(
-        request.key, request.owner, lease.token, request.ttl, shared=request.shared
+        request.key, request.owner, first.token, request.ttl, shared=request.shared
     )
     return None if extended is None else (sent_at, extended)
 
@@ -193,15 +203,15 @@ async def aacquire(
     source = source._resolved()
     store = await source.astore()
     plan: WaitPlan | None = None
-    if wait == 0:
-        sent_at = clock.now()
-        info = await _shielded(store, request, queue=False)
-        mine = request.taken(info)
-        if mine is None:
-            raise busy(info)
-    else:
-        with source.waiters.subscribe_async(request.key, request.owner) as wake:
-            try:
+    try:
+        if wait == 0:
+            sent_at = clock.now()
+            info = await _shielded(store, request, queue=False)
+            mine = request.taken(info)
+            if mine is None:
+                raise busy(info)
+        else:
+            with source.waiters.subscribe_async(request.key, request.owner) as wake:
                 sent_at = clock.now()
                 info = await _shielded(store, request, queue=True)
                 mine = request.taken(info)
@@ -209,24 +219,23 @@ async def aacquire(
                     plan = WaitPlan(request, wait, sent_at, info)
                     sent_at, mine = await _await(source, store, plan, wake, keep)
                     request = plan.request
-            except BaseException as exc:
-                # Cancelled (a task cancelled, a request aborted): leave the line as
-                # a timeout does, or the next holder would wait for our place. (A
-                # coroutine closed by its garbage collection may not await any more.)
-                if not isinstance(exc, MongoLockError | GeneratorExit):
-                    await _leave_line(store, request if plan is None else plan.request)
-                raise
-    first = first_lease(mine, request)
-    handoff = _handoff(plan, mine, first)
-    mine = first
-    if plan is None and must_extend(sent_at, mine, request, clock.now(), keep=keep):
-        sent_at = clock.now()
-        confirmed = await store.refresh(
-            request.key, request.owner, mine.token, request.ttl, shared=request.shared
-        )
-        if confirmed is None:
-            raise busy(mine)
-        mine = confirmed
+        if plan is None:
+            first = first_lease(mine, request)
+            handoff = _handoff(mine, first)
+            if (ready := await _aready(store, request, sent_at, first, keep)) is None:
+                raise busy(first)
+            sent_at, mine = ready
+        else:
+            handoff = plan.handoff
+    except BaseException as exc:
+        # Cancelled (a task cancelled, a request aborted): leave the line as a timeout
+        # does, or the next holder would wait for our place, and give back a lease the
+        # cancelled write may have taken or extended. (A coroutine closed by its garbage
+        # collection may not await any more.)
+        if not isinstance(exc, MongoLockError | GeneratorExit):
+            left = request if plan is None else plan.request
+            await _leave_line(store, left, shared=left.shared)
+        raise
     lock = await aannounce(_handle(source, mine, sent_at, keep, on_lost, _full(mine, request)))
     _told(source, handoff, lock)
     return lock
@@ -238,7 +247,7 @@ async def _await(
 ) -> tuple[float, LockInfo]:
     """``_wait`` for coroutines."""
     watcher = source.watcher
-    watcher.ensure_running()
+    watcher.ensure_running(plan.request.owner)
     while True:
         wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
         if wake_at is None:
@@ -263,7 +272,7 @@ async def _await(
             _renamed(source, plan, wake)
         wake.clear()
         wake.handed = None  # see _wait
-        watcher.ensure_running()
+        watcher.ensure_running(plan.request.owner)
         seen, sent_at = wake.count, clock.now()
         try:
             info = await _shielded(store, plan.request, queue=True)
@@ -280,16 +289,14 @@ async def _await(
             _renamed(source, plan, wake)
 
 
-def _handoff(plan: WaitPlan | None, mine: LockInfo, first: LockInfo) -> str | None:
-    """Who handed ``mine`` over ("" if nobody said), or None if it was not handed over.
+def _handoff(mine: LockInfo, first: LockInfo) -> str | None:
+    """ "" if the first attempt's ``mine`` was handed over, else None.
 
-    Without a plan, the first attempt took the key: handed over only if a release
+    Without a wait, the first attempt took the key: handed over only if a release
     handed it to the place that attempt had taken in line when its reply was lost,
     before the same attempt was sent again. ``first`` is ``first_lease(mine, ...)``,
     computed once by the caller: a shorter first lease is what tells (``handed_over``).
     """
-    if plan is not None:
-        return plan.handoff
     return "" if first.ttl < mine.ttl else None
 
 
@@ -343,21 +350,13 @@ def _handle(
 def _abandon(store: LockStore, request: Request) -> None:
     """Leave the line of a wait that was interrupted, and give back what it took.
 
-    The interruption may have cut an attempt short after the server applied it, or a
-    release may have handed the lock over: a lease of this request's is released
-    rather than left to lapse (for an exclusive one in the same write that leaves the
-    line). Best effort: the place lapses by itself soon, the lease at its end.
+    The interruption may have cut an attempt or the refresh that makes a lease ready
+    short after the server applied it, or a release may have handed the lock over: a
+    lease of this request's is released rather than left to lapse (``LockStore.leave``).
+    Best effort: the place lapses by itself soon, the lease at its end.
     """
     with contextlib.suppress(MongoLockError):
-        if not request.shared:
-            store.leave(request.key, request.owner)
-            return
-        info = store.find(request.key)
-        mine = None if info is None else request.taken(info)
-        if mine is not None:
-            store.release(mine.key, mine.owner, mine.token, shared=request.shared)
-        else:
-            store.leave_queue(request.key, request.owner)
+        store.leave(request.key, request.owner, shared=request.shared)
 
 
 def announce(lock: Lock) -> Lock:
@@ -438,13 +437,14 @@ def _give_back(store: AsyncLockStore, request: Request, attempt: asyncio.Future[
     _in_background(store.release(mine.key, mine.owner, mine.token, shared=request.shared))
 
 
-async def _leave_line(store: AsyncLockStore, request: Request) -> None:
-    """Give up a waiter's place in line (and a lock a release handed over meanwhile),
-    even if the caller is cancelled meanwhile.
+async def _leave_line(store: AsyncLockStore, request: Request, *, shared: bool = False) -> None:
+    """Give up a waiter's place in line (and a lock a release handed over meanwhile,
+    or with ``shared``, a shared lease it took), even if the caller is cancelled
+    meanwhile.
 
     The write runs as a task of its own: a cancellation stops the wait for it, not it.
     """
-    leave = _in_background(store.leave(request.key, request.owner))
+    leave = _in_background(store.leave(request.key, request.owner, shared=shared))
     with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
         await asyncio.shield(leave)
 

@@ -67,6 +67,8 @@ class Connection:
     ``options`` gives the driver's options when a client is built (a manager's
     ``_client_options``, which a subclass may extend). ``name`` is what errors call it
     (the manager's repr): a closed connection refuses any further use, naming it.
+    ``prefix_of`` tells what the holder ids of this process's waiters start with, so that
+    the watcher streams only the handoffs to them (None: every handoff).
     """
 
     def __init__(
@@ -77,12 +79,14 @@ class Connection:
         collection: str,
         options: Callable[[], dict[str, Any]],
         name: str,
+        prefix_of: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.url = url
         self.database = database
         self.collection = collection
         self._options = options
         self.name = name
+        self._prefix_of = prefix_of
         self._waiters = Waiters()
         self._given_client = client
         self._client: MongoClient[Any] | None = None
@@ -210,7 +214,7 @@ class Connection:
             waiters = self.waiters
             with self._build_mutex:
                 if self._watcher is None or self._watcher.pid != os.getpid():
-                    self._watcher = Watcher(lambda: self.store, waiters)
+                    self._watcher = Watcher(lambda: self.store, waiters, self._prefix_of)
                 watcher = self._watcher
         return watcher
 

@@ -21,7 +21,8 @@ from django_mongolock.connection import DEFAULT_URL, Connection, client_options
 from django_mongolock.context import LockContext
 from django_mongolock.lock import Lock
 from django_mongolock.operations import Operations
-from django_mongolock.owners import new_owner
+from django_mongolock.owners import new_owner, owner_prefix
+from django_mongolock.queries import check_limit
 from django_mongolock.recipes import Election, LockGroup, Semaphore
 from django_mongolock.reentry import Reentries, current_holder
 from django_mongolock.refresher import get_refresher
@@ -93,7 +94,13 @@ class LockManager(Operations):
         self.owner = owner
         self._reentries = Reentries()
         self._connection = Connection(
-            self.url, client, database, collection, self._client_options, repr(self)
+            self.url,
+            client,
+            database,
+            collection,
+            self._client_options,
+            repr(self),
+            lambda: owner_prefix(self.owner),
         )
 
     def __repr__(self) -> str:
@@ -247,6 +254,7 @@ class LockManager(Operations):
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         validate_flag("shared", shared)
         limit = validate_limit(limit, shared=shared)
+        check_limit(shared, limit)
         wait = validate_timeout(timeout, blocking=blocking)
         keep = validate_keep(refresh, self.refresh)
         return Request(key, self.new_owner(), lease, shared, limit), wait, keep

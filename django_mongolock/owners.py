@@ -8,7 +8,7 @@ import os
 import secrets
 import socket
 
-__all__ = ["new_owner", "operator"]
+__all__ = ["new_owner", "operator", "owner_prefix"]
 
 
 class _OwnerIds:
@@ -42,6 +42,16 @@ def new_owner(name: str | None) -> str:
     """A holder id unique per acquisition: ``host:pid:random`` (or ``name:pid:random``)."""
     ids = _owner_ids()
     return f"{name or ids.host}:{ids.pid}:{next(ids.serial) % 2**48:012x}"
+
+
+def owner_prefix(name: str | None) -> str:
+    """What every holder id this process makes with ``name`` starts with: ``host:pid:``.
+
+    The change stream of a process lets through only the handoffs to its own waiters
+    by this prefix (``queries.wakeups``).
+    """
+    ids = _owner_ids()
+    return f"{name or ids.host}:{ids.pid}:"
 
 
 def operator() -> str:

@@ -8,8 +8,10 @@ waiters need not poll; when change streams are unavailable or the stream breaks,
 waiters fall back to their jittered back-off and the watcher resumes the stream (from
 its resume token when it can). A release that handed the key to a waiter in line
 (``queries.release``) names it in the event: that waiter takes the lock from the event,
-without a request of its own. The thread starts with the first waiter and ends after a
-minute without any.
+without a request of its own. Such an event reaches only the process of that waiter and
+of the next one in line (``queries.wakeups``), so the cost of a handoff does not grow
+with the number of processes waiting for the key. The thread starts with the first
+waiter and ends after a minute without any.
 """
 
 from __future__ import annotations
@@ -84,9 +86,19 @@ def _released_by(fields: Mapping[str, Any]) -> str:
 class Watcher:
     """One change stream on one lock collection, shared by all waiting threads of a process."""
 
-    def __init__(self, store_of: Callable[[], LockStore], waiters: Waiters) -> None:
+    def __init__(
+        self,
+        store_of: Callable[[], LockStore],
+        waiters: Waiters,
+        prefix_of: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._store_of = store_of
         self.waiters = waiters
+        # What this process's holder ids start with: only handoffs to them are streamed,
+        # until a waiter with another kind of id comes (``ensure_running``).
+        self._prefix_of = prefix_of
+        self._unfiltered = False
+        self._reopen = threading.Event()
         self.pid = os.getpid()
         self._mutex = threading.Lock()
         self._stop = threading.Event()
@@ -108,8 +120,20 @@ class Watcher:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def ensure_running(self) -> None:
-        """Start the thread if it is not running (cheap when it is)."""
+    def ensure_running(self, owner: str = "") -> None:
+        """Start the thread if it is not running (cheap when it is).
+
+        ``owner`` is the holder id of the waiter that needs the stream: one that does
+        not start with this process's prefix (a manager whose ``new_owner()`` makes ids
+        of its own) would never hear of a handoff to it, so the stream lets every
+        handoff through from then on.
+        """
+        if owner and not self._unfiltered:
+            prefix = self._prefix_of()
+            if prefix is not None and not owner.startswith(prefix):
+                self._unfiltered = True
+                self._reopen.set()
+                logger.info("waiter %r has a holder id of its own: streaming every handoff", owner)
         if self.running or self.pid != os.getpid():
             return
         with self._mutex:
@@ -130,19 +154,27 @@ class Watcher:
         failures = 0
         idle_since = clock.now()
         while not self._stop.is_set():
+            # Set when the stream is closed only to be opened again with another filter,
+            # from where it stopped: its waiters miss nothing meanwhile.
+            reopened = False
             try:
                 store = self._store_of()
+                self._reopen.clear()
                 with store.collection.watch(
-                    queries.FREED_EVENTS,
+                    queries.wakeups(None if self._unfiltered else self._prefix_of()),
                     max_await_time_ms=round(MAX_AWAIT * 1000),
                     resume_after=resume_token,
                 ) as stream:
-                    self._healthy_since = clock.now()
+                    if self._healthy_since is None:
+                        self._healthy_since = clock.now()
                     self.opened += 1
                     if failures:
                         logger.info("change stream resumed; waiters are woken by releases again")
                     failures = 0
                     while not self._stop.is_set() and stream.alive:
+                        if self._reopen.is_set() and resume_token is not None:
+                            reopened = True
+                            break
                         change = stream.try_next()
                         resume_token = stream.resume_token
                         if change is not None:
@@ -167,9 +199,12 @@ class Watcher:
                 failures += 1
                 logger.exception("change stream failed")
             finally:
-                self._healthy_since = None
-                # Waiters sleeping on the stream must switch to their back-off now.
-                self.waiters.notify_all()
+                if not reopened:
+                    self._healthy_since = None
+                    # Waiters sleeping on the stream must switch to their back-off now.
+                    self.waiters.notify_all()
+            if reopened:
+                continue
             if not self._stop.is_set():
                 self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
         with self._mutex:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from django_mongolock.acquirer import (
     BEHIND_IN_LINE,
+    LINE_CHECK,
     Request,
     WaitPlan,
     first_lease,
@@ -58,6 +59,24 @@ def test_a_streamed_waiter_sleeps_until_the_lease_ends_but_never_past_its_timeou
     assert 119.0 <= wake_at <= 120.6
 
 
+def test_a_waiter_behind_the_head_looks_again_by_the_line_check() -> None:
+    """A handoff to a waiter further ahead wakes nobody behind it and cuts their places to
+    ``LINE_CHECK`` beyond the grace period: they look again by then, or at the lease end
+    if that comes first. The head sleeps until the lease end: the handoff wakes it."""
+    behind = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=1))
+    wake_at = behind.wake_at(stream_since=99.0, now=100.0)
+    assert wake_at is not None
+    assert abs(wake_at - (100.0 + LINE_CHECK)) < 1e-9
+    soon = WaitPlan(_request(), None, 100.0, _info(remaining=1.0, position=3))
+    wake_at = soon.wake_at(stream_since=99.0, now=100.0)
+    assert wake_at is not None
+    assert 100.9 <= wake_at <= 101.1
+    head = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=0))
+    wake_at = head.wake_at(stream_since=99.0, now=100.0)
+    assert wake_at is not None
+    assert wake_at > 100.0 + LINE_CHECK
+
+
 def test_the_plan_gives_up_once_the_timeout_has_passed_naming_the_holder() -> None:
     plan = WaitPlan(_request(), 2.0, 100.0, _info(remaining=20.0))
     assert plan.wake_at(stream_since=None, now=102.0) is None
@@ -92,17 +111,19 @@ def test_an_answer_that_is_ours_ends_the_wait_and_counts_from_its_sending() -> N
 
 def test_a_lease_answered_late_is_bounded_again() -> None:
     mine = _info(remaining=30.0)
-    assert not late(100.0, mine, now=100.5)
-    assert late(100.0, mine, now=120.0)
+    assert not late(100.0, mine.remaining, mine.ttl, now=100.5)
+    assert late(100.0, mine.remaining, mine.ttl, now=120.0)
     # A lease of moments answered after a held-up request is bounded again too.
-    assert late(100.0, _info(remaining=0.5, ttl=0.5), now=100.3)
+    moment = _info(remaining=0.5, ttl=0.5)
+    assert late(100.0, moment.remaining, moment.ttl, now=100.3)
 
 
 def test_a_short_lease_answered_at_once_is_not_refreshed() -> None:
     """A round trip of a few milliseconds uses up most of a lease of a few milliseconds:
     a refresh would take as long, and an uncontended acquire is one round trip."""
-    assert not late(100.0, _info(remaining=0.004, ttl=0.004), now=100.003)
-    assert not late(100.0, _info(remaining=0.1, ttl=0.1), now=100.06)
+    tiny, short = _info(remaining=0.004, ttl=0.004), _info(remaining=0.1, ttl=0.1)
+    assert not late(100.0, tiny.remaining, tiny.ttl, now=100.003)
+    assert not late(100.0, short.remaining, short.ttl, now=100.06)
 
 
 def test_a_lease_got_with_too_little_left_is_extended_before_it_is_returned() -> None:

@@ -25,7 +25,12 @@ from pymongo import MongoClient
 from django_mongolock import Lock, LockManager, LockNotAcquired, acquirer, acquiring, events
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.info import LockInfo
-from django_mongolock.queries import FREED_EVENTS, HANDOFF_LEASE_MS, PLACE_GRACE_MS
+from django_mongolock.queries import (
+    FREED_EVENTS,
+    HANDOFF_LEASE_MS,
+    LINE_CHECK_MS,
+    PLACE_GRACE_MS,
+)
 from django_mongolock.store import LockStore
 from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
@@ -148,38 +153,62 @@ def test_a_release_hands_the_lock_to_the_head_of_the_line_across_processes(
     assert [one["valid"], two["valid"], one["released"], two["released"]] == [True] * 4
 
 
-def test_a_killed_waiter_is_skipped_within_its_first_lease(
-    mongolock_url: str, manager: LockManager
-) -> None:
-    """The release cannot know that the head of the line just died: the dead waiter is
-    handed the lock with a first lease of ``HANDOFF_LEASE_MS`` (not its ttl of 30 s),
-    which it never extends; the next waiter takes the key when that lease ends."""
-    key = "handoff-dead"
+def _dead_at_the_front(
+    url: str, manager: LockManager, key: str, dying: int
+) -> tuple[list[str], dict[str, Any], float]:
+    """``dying`` waiter processes and a live one behind them join the line of a key held
+    with a 30 s lease; the dying ones are killed, then the holder releases. The dead
+    owners, the document as the release left it, and how long after the release the live
+    waiter got the key."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     holder = manager.acquire(key, ttl=30)
-    with _collection(mongolock_url, manager.database) as locks:
-        dead, dead_owner = _join(context, mongolock_url, manager.database, key, locks, results)
-        alive, alive_owner = _join(context, mongolock_url, manager.database, key, locks, results)
-        time.sleep(1.0)
-        os.kill(dead.pid, signal.SIGKILL)
-        dead.join(BOUND)
+    with _collection(url, manager.database) as locks:
+        dead = [_join(context, url, manager.database, key, locks, results) for _ in range(dying)]
+        alive, alive_owner = _join(context, url, manager.database, key, locks, results)
+        for process, _ in dead:
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(BOUND)
         released_at = time.monotonic()
         assert holder.release()
         handed = locks.find_one({"_id": key})
         assert handed is not None
-        assert handed["owner"] == dead_owner
-        assert handed["expires_at"] <= handed["acquired_at"] + timedelta(seconds=FIRST_LEASE)
         [result] = _results(results, 1)
     alive.join(BOUND)
     assert alive.exitcode == 0
     assert result["owner"] == alive_owner
     assert holder.token < handed["token"] < result["token"]
     assert result["others"] == 0
+    return [owner for _, owner in dead], handed, result["got"] - released_at
+
+
+def test_a_killed_waiter_is_skipped_within_its_first_lease(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The release cannot know that the head of the line just died: the dead waiter is
+    handed the lock with a first lease of ``HANDOFF_LEASE_MS`` (not its ttl of 30 s),
+    which it never extends; the handoff wakes the waiter behind it, which takes the key
+    when that lease ends."""
+    dead, handed, waited = _dead_at_the_front(mongolock_url, manager, "handoff-dead", 1)
+    assert handed["owner"] == dead[0]
+    assert handed["expires_at"] <= handed["acquired_at"] + timedelta(seconds=FIRST_LEASE)
     # Held back by the dead waiter's first lease, not by the 30 s it asked for.
-    waited = result["got"] - released_at
     assert waited >= FIRST_LEASE - 0.1
     assert waited < FIRST_LEASE + BEHIND_IN_LINE + 10.0
+
+
+def test_dead_waiters_in_a_row_hold_the_key_back_for_the_line_check_not_a_lease(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """Two waiters die side by side at the front of the line. The release hands the key
+    to the first, names the second head (whose process is gone, so nobody looks again),
+    and cuts the live waiter's place behind them to the line check: that waiter looks
+    again by then, finds both dead places lapsed, and takes the key, long before the
+    holder's 30 s lease it last saw would have ended."""
+    dead, handed, waited = _dead_at_the_front(mongolock_url, manager, "handoff-dead-row", 2)
+    assert (handed["owner"], handed["head"]) == tuple(dead)
+    assert waited >= FIRST_LEASE - 0.1
+    assert waited < FIRST_LEASE + LINE_CHECK_MS / 1000 + 5.0
 
 
 def test_tokens_grow_and_sections_never_overlap_through_many_handoffs(
@@ -242,7 +271,7 @@ def test_a_waiter_that_finds_the_lock_handed_to_it_by_its_own_attempt_keeps_it(
 ) -> None:
     """Without a change stream the waiter polls: its next attempt finds the lock already
     its own, with the short first lease, and the refresher still extends it in time."""
-    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     key = "handoff-polled"
     with _handoffs_told(key) as told:
         _, lock, handed = _handed_on(
@@ -265,7 +294,7 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     """A waiter that sleeps past its handed first lease (no change stream, a long
     sleep) is not refused when it wakes: that acquisition is over, and the wait goes on
     as a new one, which takes the free key with a new token."""
-    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     monkeypatch.setattr(
         acquirer, "next_delay", lambda info, since, sent_at, attempt: (FIRST_LEASE + 1.0, attempt)
     )
@@ -286,7 +315,7 @@ def test_a_waiter_whose_attempt_finds_its_handed_lease_too_late_waits_on(
     extended before acquire returns) the extending refresh is held up. That refresh
     finds the lease over, and the wait goes on as a new acquisition instead of failing
     before its timeout."""
-    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)  # it polls
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)  # it polls
     acquire, aacquire = LockStore.acquire, AsyncLockStore.acquire
     refresh_, arefresh = LockStore.refresh, AsyncLockStore.refresh
     refresh = stalled != "refresh"

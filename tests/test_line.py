@@ -18,6 +18,7 @@ import pytest
 from django_mongolock import LockManager, LockNotAcquired, MongoLockError, queries
 from django_mongolock.exceptions import LimitConflict, LineFull
 from django_mongolock.queries import MAX_HOLDERS, MAX_WAITERS
+from tests.test_targeting import RecordedManager, Recorder
 
 
 def _waiting(manager: LockManager, key: str, count: int, timeout: float = 20.0) -> None:
@@ -255,10 +256,19 @@ def test_a_full_holders_list_refuses_another_shared_holder(manager: LockManager)
     assert not doc.get("waiters")
 
 
-def test_a_semaphore_larger_than_the_holders_cap_is_a_value_error(manager: LockManager) -> None:
-    with pytest.raises(ValueError, match=str(MAX_HOLDERS)):
-        manager.semaphore("big", limit=MAX_HOLDERS + 1).acquire(blocking=False)
-    assert manager.status("big") is None
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_semaphore_larger_than_the_holders_cap_is_a_value_error_before_any_io(
+    mongolock_url: str, mongolock_database: str, blocking: bool
+) -> None:
+    manager = RecordedManager(mongolock_url, database=mongolock_database, ttl=10.0)
+    manager.recorder = Recorder()
+    try:
+        with pytest.raises(ValueError, match=str(MAX_HOLDERS)):
+            manager.semaphore("big", limit=MAX_HOLDERS + 1).acquire(blocking=blocking)
+        assert manager.recorder.on(mongolock_database, "locks") == []
+        assert manager.status("big") is None
+    finally:
+        manager.close()
 
 
 # -- edge 7: the shared refresh uses an index ----------------------------------------------

@@ -18,7 +18,13 @@ from pymongo import AsyncMongoClient
 
 from django_mongolock import Lock, LockManager
 from django_mongolock.acquiring import ABANDONED as cleanups
+from django_mongolock.astore import AsyncLockStore
+from django_mongolock.info import LockInfo
 from django_mongolock.signals import lock_acquired
+from django_mongolock.store import LockStore
+
+# How long the tests wait for anything at most (never reached when green).
+BOUND = 60.0
 
 
 def _line(manager: LockManager, key: str) -> list[str]:
@@ -162,6 +168,113 @@ def test_an_interrupted_sync_waiter_leaves_the_line(
     assert _line(manager, "interrupted") == []
     assert holder.release()
     manager.acquire("interrupted", blocking=False).release()
+
+
+@pytest.mark.parametrize("waiter", ["thread", "coroutine"])
+@pytest.mark.parametrize(
+    ("shared", "waited"),
+    [(True, True), (True, False), (False, False)],
+    ids=["reader-in-line", "reader", "writer"],
+)
+def test_a_caller_stopped_while_its_late_lease_is_extended_gives_it_back(
+    manager: LockManager,
+    other: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+    waiter: str,
+    shared: bool,
+    waited: bool,
+) -> None:
+    """An attempt (the first, or a waiting reader's after the holder's release) takes
+    the lock, but its answer comes so late that the lease is extended before acquire
+    returns; the caller is stopped (Ctrl-C, a cancelled task) just after the server
+    applied that refresh. The lease is given back, not left to block others until its
+    end."""
+    key = f"stopped-{waiter}-{shared}-{waited}"
+    ttl = 8.0
+    answer_stall = ttl / 2 + 0.1  # past half the lease: the answer counts as late
+    refreshed: list[str] = []
+    acquire, aacquire = LockStore.acquire, AsyncLockStore.acquire
+    refresh, arefresh = LockStore.refresh, AsyncLockStore.refresh
+
+    def took(store: Any, answer: LockInfo, arguments: dict[str, Any]) -> bool:
+        if isinstance(store, LockStore) and store is not other.store:
+            return False  # the test's own acquisitions (only ``other`` uses coroutines)
+        owner: str = arguments["owner"]
+        if arguments["shared"]:
+            return answer.as_holder(owner) is not None
+        return answer.owner == owner
+
+    def late_answer(self: LockStore, **arguments: Any) -> LockInfo:
+        answer = acquire(self, **arguments)
+        if took(self, answer, arguments):
+            time.sleep(answer_stall)
+        return answer
+
+    async def alate_answer(self: AsyncLockStore, **arguments: Any) -> LockInfo:
+        answer = await aacquire(self, **arguments)
+        if took(self, answer, arguments):
+            await asyncio.sleep(answer_stall)
+        return answer
+
+    def stopped_refresh(self: LockStore, key: str, owner: str, *args: Any, **kw: Any) -> Any:
+        assert refresh(self, key, owner, *args, **kw) is not None  # applied...
+        refreshed.append(owner)
+        raise _Interrupted  # ... and then the caller is stopped
+
+    async def astopped_refresh(
+        self: AsyncLockStore, key: str, owner: str, *args: Any, **kw: Any
+    ) -> Any:
+        assert await arefresh(self, key, owner, *args, **kw) is not None
+        refreshed.append(owner)
+        await asyncio.sleep(BOUND)  # cancelled here
+        raise AssertionError("not cancelled")
+
+    monkeypatch.setattr(LockStore, "acquire", late_answer)
+    monkeypatch.setattr(AsyncLockStore, "acquire", alate_answer)
+    monkeypatch.setattr(LockStore, "refresh", stopped_refresh)
+    monkeypatch.setattr(AsyncLockStore, "refresh", astopped_refresh)
+    holder = manager.acquire(key, ttl=30) if waited else None  # the reader waits behind it
+
+    async def cancelled_reader() -> None:
+        task = asyncio.ensure_future(other.aacquire(key, ttl=ttl, shared=shared, timeout=BOUND))
+        deadline = time.monotonic() + BOUND
+        while not refreshed:
+            assert time.monotonic() < deadline
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while cleanups:  # the give-back runs as a task of its own
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    def interrupted_reader() -> None:
+        with pytest.raises(_Interrupted):
+            other.acquire(key, ttl=ttl, shared=shared, timeout=BOUND)
+
+    def release_when_in_line() -> None:
+        deadline = time.monotonic() + BOUND
+        while holder is not None and not _line(manager, key):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert holder is None or holder.release()
+
+    releaser = threading.Thread(target=release_when_in_line)
+    releaser.start()
+    if waiter == "coroutine":
+        asyncio.run(cancelled_reader())
+    else:
+        interrupted_reader()
+    releaser.join(BOUND)
+    [owner] = refreshed
+    doc = manager.client[manager.database][manager.collection].find_one({"_id": key})
+    assert doc is not None
+    assert owner not in [h["owner"] for h in doc.get("holders") or []]
+    assert doc["owner"] != owner
+    assert _line(manager, key) == []
+    # Nothing is left in a writer's way.
+    manager.acquire(key, blocking=False).release()
 
 
 # -- callbacks are checked when given ----------------------------------------------------------

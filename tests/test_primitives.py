@@ -271,28 +271,36 @@ def test_one_leader_and_a_follower_that_takes_over(
         on_elected=lambda e: calls.append("first elected"),
         on_demoted=lambda e: calls.append("first demoted"),
     )
-    assert isinstance(first, Election)
-    assert first.changed.wait(5)
-    assert first.is_leader
-    second = other.elect("scheduler", ttl=0.6, on_elected=lambda e: calls.append("second elected"))
-    time.sleep(1.0)
-    assert not second.is_leader
-    assert first.token is not None
-    assert second.token is None
-    assert manager.leader("scheduler") == other.leader("scheduler") == first.leader()
-    status = manager.status("scheduler")
-    assert status is not None
-    assert status.kind == "election"
-    first.stop()
-    deadline = time.monotonic() + 5
-    while not second.is_leader and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert second.is_leader
-    # The callbacks run in threads of their own: wait for the third, then look at all.
-    while len(calls) < 3 and time.monotonic() < deadline + 5:
-        time.sleep(0.02)
-    assert calls == ["first elected", "first demoted", "second elected"]
-    second.stop()
+    elections = [first]
+    try:
+        assert isinstance(first, Election)
+        assert first.changed.wait(5)
+        assert first.is_leader
+        second = other.elect(
+            "scheduler", ttl=0.6, on_elected=lambda e: calls.append("second elected")
+        )
+        elections.append(second)
+        time.sleep(1.0)
+        assert not second.is_leader
+        assert first.token is not None
+        assert second.token is None
+        assert manager.leader("scheduler") == other.leader("scheduler") == first.leader()
+        status = manager.status("scheduler")
+        assert status is not None
+        assert status.kind == "election"
+        first.stop()
+        deadline = time.monotonic() + 5
+        while not second.is_leader and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert second.is_leader
+        # The callbacks run in threads of their own: wait for the third, then look at all.
+        while len(calls) < 3 and time.monotonic() < deadline + 5:
+            time.sleep(0.02)
+        assert calls == ["first elected", "first demoted", "second elected"]
+    finally:
+        # A failed assertion must not leave them campaigning into later tests.
+        for election in elections:
+            election.stop()
     assert manager.leader("scheduler") is None
 
 

@@ -104,7 +104,7 @@ def test_a_release_wakes_only_the_waiters_of_that_key(
 def test_waiters_still_acquire_when_the_stream_is_down(
     manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Watcher, "ensure_running", lambda self: None)
+    monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     holder = manager.acquire("no-stream", ttl=30)
     attempts = _counting(other)
     thread, result = _wait_in_thread(other, "no-stream", timeout=20)

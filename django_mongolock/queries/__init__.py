@@ -10,19 +10,20 @@ share every guarantee, and a query can be read (and tested) without a server.
 - ``inspection``: find, list, count, force release;
 - ``records``: process heartbeats and the audit trail;
 - ``indexes``: the indexes to keep, and the plan to get there;
-- ``changes``: the change stream filter of freed keys.
+- ``changes``: the change stream filter of freed keys and of a process's handoffs.
 """
 
 from __future__ import annotations
 
 from django_mongolock.queries.acquiring import Acquire, acquire, check_limit, refused
-from django_mongolock.queries.changes import FREED_EVENTS
+from django_mongolock.queries.changes import FREED_EVENTS, wakeups
 from django_mongolock.queries.common import (
     CLUSTER_TOKEN,
     ENDED_KEEP,
     FIELDS,
     HANDOFF_LEASE_MS,
     HELD,
+    LINE_CHECK_MS,
     LIVE,
     LIVE_HOLDERS,
     LIVE_WAITERS,
@@ -43,6 +44,7 @@ from django_mongolock.queries.indexes import (
 )
 from django_mongolock.queries.inspection import COUNTED, SORTS, counts, find, force_release, listing
 from django_mongolock.queries.leases import (
+    REFRESHED_LIVE,
     RELEASE_PIPELINE,
     SHARED_LEASES,
     Release,
@@ -85,6 +87,7 @@ __all__ = [
     "HELD",
     "HISTORY_SORT",
     "KEY_INDEX",
+    "LINE_CHECK_MS",
     "LIVE",
     "LIVENESS",
     "LIVE_HOLDERS",
@@ -94,6 +97,7 @@ __all__ = [
     "PLACE_GRACE_MS",
     "PROCESS_TTL_INDEX",
     "PROJECTION",
+    "REFRESHED_LIVE",
     "RELEASE_PIPELINE",
     "SHARED_LEASES",
     "SORTS",
@@ -129,4 +133,5 @@ __all__ = [
     "release_writes",
     "released_live",
     "still_freed",
+    "wakeups",
 ]

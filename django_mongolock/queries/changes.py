@@ -1,35 +1,75 @@
-"""The change stream filter that tells the watcher a key was freed."""
+"""The change stream filter that tells a process's watcher a key was freed or handed to it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
-__all__ = ["FREED_EVENTS"]
+__all__ = ["FREED_EVENTS", "wakeups"]
 
-# A key is freed by a delete (release of old, force release, the TTL monitor), or by a
-# release that keeps the document for its waiters (it sets ``released_at``). The server
-# logs an update whose changes are about as large as the document as a whole new
-# document: the stream reports it as a ``replace`` (a release that hands a small
-# document to a waiter often is one), matched when it leaves the key without an owner,
-# or made its owner in the release itself (``released_at`` not before ``acquired_at``).
-FREED_EVENTS: Final[list[dict[str, Any]]] = [
-    {
-        "$match": {
+_UPDATED: Final = "updateDescription.updatedFields"
+# A replace event of a release: its owner (if any) was made the holder in the release.
+_RELEASE_LOGGED_WHOLE: Final = {
+    "$expr": {"$gte": ["$fullDocument.released_at", "$fullDocument.acquired_at"]}
+}
+# The line and the shared holders are no part of a wake-up or a handoff: a replace event
+# of a long line would carry hundreds of kilobytes to the watching process.
+_WITHOUT_LISTS: Final = {
+    "$project": {
+        "fullDocument.waiters": 0,
+        "fullDocument.holders": 0,
+        f"{_UPDATED}.waiters": 0,
+    }
+}
+
+
+def wakeups(prefix: str | None) -> list[dict[str, Any]]:
+    """The pipeline of the change stream of a process whose holder ids start with ``prefix``.
+
+    A key is freed by a delete (release of old, force release, the TTL monitor), or by a
+    release that keeps the document for its waiters (it sets ``released_at`` and clears
+    ``owner``): every process with waiters hears of those. A release that hands the key
+    to the first waiter in line (it makes a new ``owner``, and names the next place in
+    line ``head``) matters to those two waiters only: with ``prefix``, only the
+    processes they belong to hear of it, so that one handoff costs the server one event
+    to deliver, however many processes wait for the key. ``None`` lets every handoff
+    through.
+
+    The server logs an update whose changes are about as large as the document as a
+    whole new document: the stream reports it as a ``replace`` (a release that hands a
+    small document to a waiter often is one), matched the same way.
+    """
+    if prefix is None:
+        updated: dict[str, Any] = {}
+        replaced: dict[str, Any] = {}
+    else:
+        ours = {"$regex": f"^{re.escape(prefix)}"}
+        updated = {
             "$or": [
-                {"operationType": "delete"},
-                {
-                    "operationType": "update",
-                    "updateDescription.updatedFields.released_at": {"$exists": True},
-                },
-                {"operationType": "replace", "fullDocument.owner": None},
-                {
-                    "operationType": "replace",
-                    "$expr": {"$gte": ["$fullDocument.released_at", "$fullDocument.acquired_at"]},
-                },
+                {f"{_UPDATED}.owner": None},  # freed (null), or a shared lease (unchanged)
+                {f"{_UPDATED}.owner": ours},
+                {f"{_UPDATED}.head": ours},
             ]
         }
-    },
-    # The line and the shared holders are no part of a wake-up or a handoff: a replace
-    # event of a long line would carry hundreds of kilobytes to every watching process.
-    {"$project": {"fullDocument.waiters": 0, "fullDocument.holders": 0}},
-]
+        replaced = {"$or": [{"fullDocument.owner": ours}, {"fullDocument.head": ours}]}
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"operationType": "delete"},
+                    {
+                        "operationType": "update",
+                        f"{_UPDATED}.released_at": {"$exists": True},
+                        **updated,
+                    },
+                    {"operationType": "replace", "fullDocument.owner": None},
+                    {"operationType": "replace", **_RELEASE_LOGGED_WHOLE, **replaced},
+                ]
+            }
+        },
+        _WITHOUT_LISTS,
+    ]
+
+
+# Every freed key and every handoff, whoever it goes to.
+FREED_EVENTS: Final[list[dict[str, Any]]] = wakeups(None)

@@ -13,6 +13,7 @@ from django_mongolock.queries.common import (
     ENDED,
     ENDED_KEEP,
     HANDOFF_LEASE_MS,
+    LINE_CHECK_MS,
     LIVE,
     LIVE_WAITERS,
     MAX_WAITERS,
@@ -23,11 +24,12 @@ from django_mongolock.queries.common import (
 __all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", "shortened"]
 
 
-# A release marks the document freed (the watcher wakes waiters on it) and shortens every
-# place in line to the grace period from now: live waiters, woken by the release, renew
-# theirs at their next attempt; a dead waiter's place then lapses within the grace
-# period instead of at the lease end it was waiting for.
-def shortened(places: Any) -> dict[str, Any]:
+# A release that frees the key marks the document freed (every watcher wakes its waiters
+# of the key on it) and shortens every place in line to the grace period from now: live
+# waiters, woken by the release, renew theirs at their next attempt; a dead waiter's place
+# then lapses within the grace period instead of at the lease end it was waiting for. A
+# release that hands the key on wakes only its new holder and head (``_handed_line``).
+def shortened(places: Any, grace_ms: int = PLACE_GRACE_MS) -> dict[str, Any]:
     return {
         "$map": {
             "input": places,
@@ -35,10 +37,22 @@ def shortened(places: Any) -> dict[str, Any]:
             "in": {
                 "$mergeObjects": [
                     "$$w",
-                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", PLACE_GRACE_MS]}]}},
+                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", grace_ms]}]}},
                 ]
             },
         }
+    }
+
+
+def _handed_line(places: Any) -> dict[str, Any]:
+    """The line after a handoff to the first of ``places``: the new head's place cut to
+    the grace period (the handoff wakes it, and it renews it), every place behind to
+    ``LINE_CHECK_MS`` beyond that (their waiters look again at least that often)."""
+    return {
+        "$concatArrays": [
+            shortened({"$slice": [places, 1, 1]}),
+            shortened({"$slice": [places, 2, MAX_WAITERS]}, LINE_CHECK_MS + PLACE_GRACE_MS),
+        ]
     }
 
 
@@ -59,6 +73,7 @@ def _freed(places: Any) -> dict[str, Any]:
             "$$ROOT",
             {
                 "owner": None,
+                "head": None,  # a later handoff's head must show as a change
                 "released_at": RELEASED_AT,
                 "waiters": shortened(places),
                 "expires_at": "$$NOW",
@@ -81,9 +96,16 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
     When the first live place in line is a plain exclusive waiter's (it carries
     ``hand``), the same write makes that waiter the holder: a new token, its lease
     (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
-    taken out of the line; the waiter learns it from the change stream, without a write
-    of its own. Otherwise (nobody in line, or a shared reader first) the key is freed and
-    the waiters try again, as before.
+    taken out of the line, and the owner of the place now first in line as ``head``.
+    Only the processes of those two learn of it from their change streams
+    (``queries.wakeups``): the new holder takes the lock without a write of its own, the
+    new head looks again, so that it takes the key soon after that first lease if the
+    new holder died in line. The head's place is cut to the grace period and every place
+    further back to ``LINE_CHECK_MS`` beyond it: their waiters, who hear of no handoff,
+    look again at least that often, and a run of dead waiters lapses together instead of
+    each holding the key back in turn. Otherwise (nobody in line, or a shared reader
+    first) the key is freed, every place is cut to the grace period, and every process
+    with waiters is woken to try again.
     """
     freed = _freed("$$q")
     handed = {
@@ -97,7 +119,8 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
                 "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
                 "ttl": "$$n.ttl",
                 "released_at": RELEASED_AT,
-                "waiters": shortened({"$slice": ["$$q", 1, MAX_WAITERS]}),
+                "waiters": _handed_line("$$q"),
+                "head": {"$ifNull": [{"$arrayElemAt": ["$$q.owner", 1]}, None]},
                 "ended": ended_with("$owner"),
                 "group": None,
                 "kind": None,

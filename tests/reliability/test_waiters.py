@@ -36,9 +36,10 @@ def wait_in_line(agent: Agent, key: str, timeout: float) -> int:
 def test_a_killed_waiter_holds_a_freed_lock_back_at_most_for_the_grace_period(
     replica_set: MongoReplicaSet, database: str, spawn: Spawn, record: Record
 ) -> None:
-    """A release cuts every place in line to ``PLACE_GRACE``; the live waiter renews its
-    own, the dead one's lapses, and the waiter behind it looks again within
-    ``BEHIND_IN_LINE``, well before the holder's lease would have ended."""
+    """The release hands the lock to the dead waiter (a first lease of ``PLACE_GRACE``)
+    and names the live one behind it head, which wakes it: it looks again within
+    ``BEHIND_IN_LINE`` and takes the lock when that first lease ends, well before the
+    holder's lease would have ended."""
     ttl = 30.0
     holder, first, second = line(spawn, replica_set, database)
     taken = holder.call("acquire", name="job", key="job", ttl=ttl)

@@ -1,0 +1,255 @@
+"""Who hears of a release: a handoff reaches the new holder's and the new head's processes only.
+
+Each manager here has an owner name of its own, so its holder ids start with a prefix of
+their own, as another process's would: its change stream is filtered as that process's
+would be. Raw streams with each manager's filter record exactly what every "process"
+was sent; a sentinel document deleted at the end marks where each stream's story ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import Lock, LockManager, events
+from django_mongolock.owners import owner_prefix
+from django_mongolock.queries import FREED_EVENTS, LINE_CHECK_MS, PLACE_GRACE_MS, wakeups
+
+BOUND = 60.0
+# "web.1" as a regex would also match "webX1": the filter must take the name literally.
+NAMES = ("web.1", "webX1", "worker-c")
+SENTINEL = "wakeups-sentinel"
+
+
+@pytest.fixture
+def named(mongolock_url: str, manager: LockManager) -> Iterator[list[LockManager]]:
+    """Three managers on the test collection, each with an owner name of its own."""
+    managers = [
+        LockManager(
+            mongolock_url, database=manager.database, collection=manager.collection, owner=name
+        )
+        for name in NAMES
+    ]
+    yield managers
+    for each in managers:
+        each.close()
+
+
+def _until(condition: Any) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def _line(locks: Any, key: str) -> list[dict[str, Any]]:
+    return list((locks.find_one({"_id": key}) or {}).get("waiters") or ())
+
+
+def _owner(locks: Any, key: str) -> Any:
+    return (locks.find_one({"_id": key}) or {}).get("owner", "")
+
+
+def _story(stream: Any) -> list[tuple[str, Any, Any]]:
+    """What a stream was sent up to the sentinel's delete: (kind, new owner, new head)."""
+    story: list[tuple[str, Any, Any]] = []
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        change = stream.try_next()
+        if change is None:
+            continue
+        kind = change["operationType"]
+        if change["documentKey"]["_id"] == SENTINEL:
+            assert kind == "delete"
+            return story
+        fields = change.get("fullDocument") or (change.get("updateDescription") or {}).get(
+            "updatedFields", {}
+        )
+        if kind == "delete":
+            story.append(("delete", None, None))
+        elif fields.get("owner"):
+            story.append(("handoff", fields["owner"], fields.get("head")))
+        else:
+            story.append(("freed", None, None))
+    raise AssertionError(f"the sentinel never came; so far {story}")
+
+
+def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
+    manager: LockManager,
+) -> None:
+    """Three places in line, taken by attempts nobody follows up (no waiter can renew a
+    place meanwhile). The handing release makes the first the holder, names the second
+    ``head`` and cuts its place to the grace period (the handoff wakes it), and cuts the
+    third to the line check beyond that (its waiter looks again that often). A release
+    that frees the key names no head."""
+    key = "wakeups-places"
+    store = manager.store
+    holder = manager.acquire(key, ttl=30)
+    places = [f"{name}:1:{n:012x}" for n, name in enumerate(NAMES)]
+    for owner in places:
+        assert store.acquire(key, owner, 30.0, queue=True).owner == holder.owner
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    lease_end = doc["expires_at"]
+    assert [place["until"] for place in doc["waiters"]] == [
+        lease_end + timedelta(milliseconds=PLACE_GRACE_MS)
+    ] * 3
+
+    assert holder.release()
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    handed_at = doc["acquired_at"]
+    assert (doc["owner"], doc["head"]) == (places[0], places[1])
+    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+        (places[1], handed_at + timedelta(milliseconds=PLACE_GRACE_MS)),
+        (places[2], handed_at + timedelta(milliseconds=LINE_CHECK_MS + PLACE_GRACE_MS)),
+    ]
+
+    # The second and third leave; the first's release then frees the key: no head.
+    for owner in places[1:]:
+        store.leave(key, owner)
+    assert store.release(key, places[0], doc["token"])
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    assert (doc["owner"], doc["head"], doc["waiters"]) == (None, None, [])
+
+
+def test_a_handoff_reaches_only_the_new_holder_and_the_new_head(
+    mongolock_url: str, manager: LockManager, named: list[LockManager]
+) -> None:
+    """Three waiters of three "processes" in line: each release hands the key to the head
+    of the line. Its event goes to the process of the new holder (which takes the lock
+    from it) and to that of the new head (which looks again, in case the new holder died
+    in line), never to the others; a release that frees the key goes to all. The places
+    behind the head keep their time: no release they do not hear of cuts it."""
+    key = "wakeups-line"
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url, tz_aware=True)
+    locks = client[manager.database][manager.collection]
+    prefixes = [owner_prefix(name) for name in NAMES]
+    streams = [locks.watch(wakeups(prefix), max_await_time_ms=100) for prefix in prefixes]
+    everything = locks.watch(FREED_EVENTS, max_await_time_ms=100)
+    got: dict[int, Lock] = {}
+    releases = {n: threading.Event() for n in range(len(named))}
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
+    )
+
+    def wait_hold_release(n: int) -> None:
+        got[n] = named[n].acquire(key, ttl=30, timeout=BOUND)
+        releases[n].wait(BOUND)
+        got[n].release()
+
+    try:
+        holder = manager.acquire(key, ttl=30)
+        threads = []
+        for n in range(len(named)):
+            named[n].watcher.ensure_running()
+            _until(lambda n=n: named[n].watcher.healthy)
+            thread = threading.Thread(target=wait_hold_release, args=(n,))
+            thread.start()
+            threads.append(thread)
+            _until(lambda n=n: len(_line(locks, key)) == n + 1)
+        owners = [place["owner"] for place in _line(locks, key)]
+        for owner, prefix in zip(owners, prefixes, strict=True):
+            assert owner.startswith(prefix)
+        seen_before = [each.watcher.events for each in named]
+
+        assert holder.release()
+        for n in range(len(named)):
+            _until(lambda n=n: n in got)
+            releases[n].set()
+            if n + 1 < len(named):
+                _until(lambda n=n: _owner(locks, key) == owners[n + 1])
+        for thread in threads:
+            thread.join(BOUND)
+        tokens = [holder.token] + [got[n].token for n in range(len(named))]
+        assert tokens == sorted(set(tokens))
+        # Each waiter took the lock from its handoff event, which names the releasing
+        # holder (an attempt of its own that found the lock its own could not).
+        assert [(e.from_owner, e.to_owner, e.token) for e in told] == [
+            (before, after, token)
+            for before, after, token in zip(
+                [holder.owner, *owners[:-1]], owners, tokens[1:], strict=True
+            )
+        ]
+        _until(lambda: _owner(locks, key) is None)
+        locks.insert_one({"_id": SENTINEL})
+        locks.delete_one({"_id": SENTINEL})
+
+        h1 = ("handoff", owners[0], owners[1])
+        h2 = ("handoff", owners[1], owners[2])
+        h3 = ("handoff", owners[2], None)
+        freed = ("freed", None, None)
+        assert _story(everything) == [h1, h2, h3, freed]
+        assert [_story(stream) for stream in streams] == [
+            [h1, freed],
+            [h1, h2, freed],
+            [h2, h3, freed],
+        ]
+        # The managers' own watchers were sent the same: those events and the sentinel.
+        expected = [3, 4, 4]
+        _until(
+            lambda: all(
+                each.watcher.events - before >= count
+                for each, before, count in zip(named, seen_before, expected, strict=True)
+            )
+        )
+        assert [
+            each.watcher.events - before for each, before in zip(named, seen_before, strict=True)
+        ] == expected
+    finally:
+        stop()
+        for stream in [*streams, everything]:
+            stream.close()
+        client.close()
+
+
+class OwnIds(LockManager):
+    """A manager whose holder ids do not start with its process's prefix."""
+
+    def new_owner(self) -> str:
+        return f"own-{uuid.uuid4().hex}"
+
+
+def test_a_waiter_with_holder_ids_of_its_own_still_hears_of_its_handoff(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The watcher streams only the handoffs to ids with its process's prefix, until a
+    waiter with another kind of id comes: from then on it streams every handoff (from
+    where it stopped), and that waiter takes the lock from the event, not at the end of
+    the holder's 30 s lease."""
+    key = "wakeups-own-ids"
+    own = OwnIds(mongolock_url, database=manager.database, collection=manager.collection)
+    told: list[events.Handoff] = []
+    stop = events.subscribe(
+        lambda e: told.append(e) if isinstance(e, events.Handoff) and e.key == key else None
+    )
+    box: list[Lock] = []
+    try:
+        own.watcher.ensure_running()
+        _until(lambda: own.watcher.healthy)
+        holder = manager.acquire(key, ttl=30)
+        thread = threading.Thread(target=lambda: box.append(own.acquire(key, timeout=20)))
+        thread.start()
+        locks = manager.store.collection
+        _until(lambda: len(_line(locks, key)) == 1)
+        # The stream was opened again with every handoff let through.
+        _until(lambda: own.watcher.opened == 2)
+        assert holder.release()
+        thread.join(BOUND)
+        [lock] = box
+        assert lock.owner.startswith("own-")
+        assert [(e.from_owner, e.to_owner) for e in told] == [(holder.owner, lock.owner)]
+        assert lock.token > holder.token
+        assert lock.release()
+    finally:
+        stop()
+        own.close()
