@@ -26,7 +26,7 @@ from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
 from django_mongolock.notices import get_notices
-from django_mongolock.reasons import answered, unanswered
+from django_mongolock.reasons import answered, refused, unanswered
 
 __all__ = [
     "AcquireFinished",
@@ -117,7 +117,8 @@ class RefresherTick:
     """One tick of a manager's refresher lane, on the lane's thread, after its writes.
 
     ``lag`` is how late it started after its due time; ``interval`` the lane's period;
-    ``ok`` False when the refresh write failed (the server was unreachable).
+    ``ok`` False when the refresh write failed: the server was unreachable, or, with
+    ``refused``, it answered with an error.
     """
 
     source: object
@@ -367,11 +368,15 @@ def lost(source: object, lock: Held, detail: str, deadline: float) -> None:
 def _reason(source: object, lock: object, detail: str, deadline: float) -> Reason:
     """Sort a loss: the local deadline comes before the server's lease end, so a refusal
     before it means somebody else removed the lock. A lease that ended while the server
-    could not be reached, or while a refresh of it sent before its end had no answer yet,
-    ended for want of a server; otherwise nobody refreshed it in time (``expired``)."""
+    answered its refresh with an error, or whose manager was closed, ended as its refresh
+    failed; one that ended while the server could not be reached, or while a refresh of
+    it sent before its end had no answer yet, for want of a server; otherwise nobody
+    refreshed it in time (``expired``)."""
     if detail == _CLOSED:
         return "refresh-failed"
     if detail == _LAPSED or clock.now() >= deadline:
+        if refused(source) and getattr(lock, "refreshable", False):
+            return "refresh-failed"
         return "server-unreachable" if unanswered(source, lock, deadline) else "expired"
     return "force-released"
 
@@ -385,10 +390,19 @@ def _held_for(lock: Held) -> float | None:
 # -- the refresher and handoffs -----------------------------------------------------------------
 
 
-def tick(source: object, started: float, lag: float, leases: int, every: float, ok: bool) -> None:
+def tick(
+    source: object,
+    started: float,
+    lag: float,
+    leases: int,
+    every: float,
+    ok: bool,
+    *,
+    refused: bool = False,
+) -> None:
     """A lane's tick ended: log one that started more than half an interval late (its
     leases last three intervals: half of one late is the first sign of a stalled lane)."""
-    answered(source, ok)
+    answered(source, ok, refused=refused)
     if lag > every / 2:
         tick_logger.warning(
             "the lock refresher is %.3fs behind its schedule (%d lease(s), every %.3fs)",

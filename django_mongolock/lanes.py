@@ -16,7 +16,7 @@ from typing import Protocol
 import pymongo
 
 from django_mongolock import clock, events, reasons
-from django_mongolock.exceptions import MongoLockError
+from django_mongolock.exceptions import MongoLockError, ServerUnavailable
 from django_mongolock.info import process_of
 from django_mongolock.store import LockStore
 
@@ -112,6 +112,7 @@ class Lane:
         self._retired = False
         self._thread: threading.Thread | None = None
         self._unreachable = False
+        self._refused = False  # the server answered the last refresh with an error
         self._silent = False  # the last heartbeat failed (logged once)
         self.ticks = 0
         self._late = 0.0  # how late the current tick started after its due time
@@ -279,7 +280,13 @@ class Lane:
             self._due = min(self._due, next_due)
         self.ticks += 1
         events.tick(
-            self.manager, started, lag, len(locks), interval(shortest), not self._unreachable
+            self.manager,
+            started,
+            lag,
+            len(locks),
+            interval(shortest),
+            not self._unreachable,
+            refused=self._refused,
         )
         for election in elections:
             try:
@@ -308,6 +315,7 @@ class Lane:
         )
         reasons.sent(self.manager, sent_at, locks)
         answered = False
+        self._refused = False
         try:
             with pymongo.timeout(budget):
                 gone = store.refresh_many(
@@ -320,10 +328,15 @@ class Lane:
             if not self._unreachable:
                 logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
             self._unreachable = True
+            # The server answered with an error (a store error but for an unreachable
+            # server): the losses that follow are refresh failures, not a partition's.
+            self._refused = isinstance(exc, MongoLockError) and not isinstance(
+                exc, ServerUnavailable
+            )
             # The deadline watch announces the losses on time; try again soon.
             return clock.now() + min(RETRY_INTERVAL, interval(shortest))
         finally:
-            reasons.answered(self.manager, answered)
+            reasons.answered(self.manager, answered, refused=self._refused)
         if self._unreachable:
             logger.warning("refreshing locks again")
             self._unreachable = False

@@ -1,12 +1,13 @@
-"""Whether a lease that ended ended for want of a server: what the refresher lanes tell.
+"""Why a lease that ended was not extended: what the refresher lanes tell.
 
 A loss at the holder's deadline is "expired" when nobody refreshed the lease in time (a
-lock taken with ``refresh=False``, a stalled process), and "server-unreachable" when the
+lock taken with ``refresh=False``, a stalled process); "server-unreachable" when the
 refresher tried: its manager's last refresh could not reach the server, or a refresh of
 that very lease, sent before its end, still waits for an answer (the deadline watch fires
-before the write's own timeout is reported). Kept weakly per manager, so that a closed
-manager's state cannot pass to a new one, and forgotten in a forked child, whose parent's
-lanes do not run there.
+before the write's own timeout is reported); and "refresh-failed" when the server answered
+the manager's last refresh with an error (a permission revoked, a validator that refuses
+the write). Kept weakly per manager, so that a closed manager's state cannot pass to a new
+one, and forgotten in a forked child, whose parent's lanes do not run there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["answered", "sent", "unanswered"]
+__all__ = ["answered", "refused", "sent", "unanswered"]
 
 
 class _Sent:
@@ -37,9 +38,11 @@ class _Sent:
         return id(lease) in self._ids
 
 
-# Managers whose last refresh could not reach the server, and each one's refresh write
-# that waits for its answer (one lane per manager: one write at a time).
+# Managers whose last refresh could not reach the server, those whose last refresh the
+# server refused, and each one's refresh write that waits for its answer (one lane per
+# manager: one write at a time).
 _failing: weakref.WeakSet[Any] = weakref.WeakSet()
+_refused: weakref.WeakSet[Any] = weakref.WeakSet()
 _refreshing: weakref.WeakKeyDictionary[Any, _Sent] = weakref.WeakKeyDictionary()
 
 
@@ -48,13 +51,26 @@ def sent(source: object, sent_at: float, leases: Sequence[object]) -> None:
     _refreshing[source] = _Sent(sent_at, leases)
 
 
-def answered(source: object, ok: bool) -> None:
-    """The lane's refresh write returned (``ok``) or could not reach the server."""
-    if ok:
+def answered(source: object, ok: bool, *, refused: bool = False) -> None:
+    """The lane's refresh write returned (``ok``), the server refused it (``refused``), or
+    it could not reach the server (neither)."""
+    if ok or refused:
         _failing.discard(source)
     else:
         _failing.add(source)
+    if refused and not ok:
+        _refused.add(source)
+    else:
+        _refused.discard(source)
     _refreshing.pop(source, None)
+
+
+def refused(source: object) -> bool:
+    """Whether the server answered ``source``'s last refresh write with an error."""
+    try:
+        return source in _refused
+    except TypeError:  # not weakly referenceable: no refresher lane sends for it
+        return False
 
 
 def unanswered(source: object, lease: object, deadline: float) -> bool:
@@ -70,6 +86,7 @@ def unanswered(source: object, lease: object, deadline: float) -> bool:
 
 def _forget_in_child() -> None:
     _failing.clear()
+    _refused.clear()
     _refreshing.clear()
 
 

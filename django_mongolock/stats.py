@@ -1,13 +1,13 @@
 """Contention statistics: what this process's locks saw, counted per key and minute, and
-added to ``<collection>.stats`` in the refresher's tick (no thread of its own).
+added to ``<collection>.stats`` after each refresher tick (no thread of its own).
 
 The recorder listens to the lock events (acquire attempts, releases, losses, handoffs)
 and keeps plain counters in memory, at most ``MAX_BUFFERED`` keys between two flushes
 (later keys are counted under the summed-up "other keys", and then minutes older than the
 collection's retention are dropped, so a manager that never ticks stays small). Each
-manager writes at most ``MAX_KEYS`` keys per minute, however often it flushes. Each tick
-of a manager's refresher lane adds that manager's counts in one bulk write, bounded in time
-so that the next refresh is never held up; a failed write drops those counts (they are statistics,
+manager writes at most ``MAX_KEYS`` keys per minute, however often it flushes. After each
+tick of a manager's refresher lane, the notice worker that tells observers of the tick adds
+that manager's counts in one bulk write, bounded in time so that no later notice waits long; a failed write drops those counts (they are statistics,
 not records) and is logged once. The admin's contention view reads them back.
 """
 

@@ -6,8 +6,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from pymongo import MongoClient
+from pymongo.database import Database
 
 from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events, reasons
 from django_mongolock.notices import get_notices
@@ -184,6 +187,33 @@ def test_a_closed_manager_loses_with_refresh_failed(
     (loss,) = _losses(seen, lock)
     assert isinstance(loss, events.Lost)
     assert loss.reason == "refresh-failed"
+
+
+def test_a_refresh_the_server_refuses_loses_with_refresh_failed(
+    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+) -> None:
+    lock = manager.acquire("ev-refused", ttl=1.5)
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(mongolock_url) as client:
+        database: Database[dict[str, Any]] = client[manager.database]
+        # A validator that fails every write to the lock's document: the server answers
+        # the refresh with an error (a document validation failure), not with silence.
+        database.command(
+            "collMod",
+            manager.collection,
+            validator={"_id": {"$ne": "ev-refused"}},
+            validationLevel="strict",
+            validationAction="error",
+        )
+        try:
+            assert lock.lost.wait(5)
+            _wait_for_loss(seen, lock)
+        finally:
+            database.command("collMod", manager.collection, validator={})
+    (loss,) = _losses(seen, lock)
+    assert loss.reason == "refresh-failed"
+    assert any(isinstance(e, events.RefresherTick) and not e.ok for e in seen)
+    assert not reasons.unanswered(manager, lock, lock.deadline)
 
 
 def test_a_lease_that_lapses_while_the_server_is_unreachable(

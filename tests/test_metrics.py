@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from django_mongolock import LockLost, LockManager, LockNotAcquired
+from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired
 from django_mongolock.contrib import prometheus
 from django_mongolock.contrib.prometheus import LockMetrics
 from django_mongolock.notices import get_notices
@@ -86,6 +86,28 @@ def test_losses_by_reason_and_refresher_histograms(
     assert get_notices().drain(5.0)
     assert value(registry, "mongolock_losses_total", reason="force-released") == 1
     assert value(registry, "mongolock_held_locks") == 0
+
+
+def test_a_handoff_is_counted(
+    manager: LockManager, other: LockManager, registry: CollectorRegistry
+) -> None:
+    holder = manager.acquire("m-handoff", ttl=10)
+    got: list[Lock] = []
+    waiter = threading.Thread(target=lambda: got.append(other.acquire("m-handoff", timeout=10)))
+    waiter.start()
+    pause = threading.Event()
+    for _ in range(500):  # 5 s at most: until the waiter's attempt put it in line
+        status = manager.status("m-handoff")
+        if (status is not None and status.waiting) or pause.wait(0.01):
+            break
+    assert value(registry, "mongolock_handoffs_total") == 0
+    holder.release()  # hands the lock to the waiter, first in line
+    waiter.join(10)
+    (handed,) = got
+    assert get_notices().drain(5.0)
+    assert value(registry, "mongolock_handoffs_total") == 1
+    assert handed.token > holder.token
+    handed.release()
 
 
 def test_key_label_is_opt_in_and_bounded(manager: LockManager) -> None:

@@ -72,7 +72,7 @@ class LockMetrics:
         )
         self.refresh_failures = Counter(
             "refresh_failures",
-            "Refresher ticks whose write did not reach the server.",
+            "Refresher ticks whose write did not reach the server, or that it refused.",
             namespace=namespace,
             registry=registry,
         )
