@@ -218,6 +218,8 @@ run_in() {
     for var in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_DEFAULT_TIMEOUT; do
         [ -n "${!var:-}" ] && env+=("$var=${!var}")
     done
+    # Set, even empty (the tests' temporary files on disk): scripts/test-tmpdir.sh.
+    [ -n "${TEST_TMPDIR+set}" ] && env+=("TEST_TMPDIR=$TEST_TMPDIR")
     chroot "$root" /usr/bin/env -i "${env[@]}" "$@"
 }
 
