@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "CONTENTION_PAGE",
     "DOCS_PAGE",
     "DOCS_PLOT",
     "FLOOR",
@@ -12,6 +13,7 @@ __all__ = [
     "FLOOR_POLL_100",
     "FLOOR_TTL",
     "INSTRUMENTED",
+    "KEY_PAGE",
     "OURS",
     "OURS_TRY",
     "PLOT_NAME",
@@ -39,3 +41,7 @@ INSTRUMENTED: Final[tuple[tuple[str, str], ...]] = (
 PLOT_NAME: Final = "handoff-waits.png"
 DOCS_PAGE: Final = "docs/benchmarks.md"
 DOCS_PLOT: Final = "docs/img/handoff-waits.png"
+
+# The admin's pages that read the statistics, as the admin workload names them.
+CONTENTION_PAGE: Final = "contention (charts)"
+KEY_PAGE: Final = "a key's page (line, hour, history)"

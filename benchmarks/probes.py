@@ -1,4 +1,4 @@
-"""Measurements that need a process of their own: footprint and the admin page.
+"""Measurements that need a process of their own: footprint and the admin's pages.
 
 Each probe runs in a freshly spawned process (``run_fresh``), so that its thread count,
 its memory and its Django set-up start from nothing and leave nothing behind.
@@ -14,13 +14,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from multiprocessing.queues import Queue
 from typing import Any
 
+from pymongo import MongoClient
 from pymongo.collection import Collection
 
 from benchmarks.contenders import DATABASE, Spec, build, quiet_peers
+from benchmarks.labels import CONTENTION_PAGE, KEY_PAGE
 from django_mongolock import LockManager, LockNotAcquired
 
 __all__ = ["admin_probe", "footprint_probe", "rss", "run_fresh"]
@@ -106,8 +107,14 @@ def footprint_probe(spec: Spec) -> dict[str, Any]:
 # -- the admin list page -------------------------------------------------------------------------
 
 
+# The processes whose hour of statistics the contention view reads, each at its bound of
+# keys per minute.
+STATS_PROCESSES = 4
+
+
 def admin_probe(url: str, documents: int, requests: int) -> dict[str, Any]:
-    """Time the admin's lock list with ``documents`` locks, through Django's test client."""
+    """Time the admin's pages with ``documents`` locks and an hour of statistics, through
+    Django's test client: the lock list (several ways), the contention view, a key's page."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     import django
 
@@ -115,6 +122,8 @@ def admin_probe(url: str, documents: int, requests: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.test import Client, override_settings
+
+    from benchmarks.admin_contention import CONTENTION_MARKER, KEY_MARKER, fill_locks, fill_stats
 
     collection_name = "admin"
     # Through override_settings: the default manager, built at setup, is built afresh.
@@ -130,62 +139,55 @@ def admin_probe(url: str, documents: int, requests: int) -> dict[str, Any]:
 
     manager = get_manager()
     collection = manager.store.collection
-    collection.drop()
+    database = collection.database
+    database.drop_collection(collection_name)
+    database.drop_collection(f"{collection_name}.stats")
     manager.ensure_indexes()
-    _fill_admin(collection, documents)
+    # A client of its own for the fill: bulk inserts need more than the lock client's
+    # timeout on a busy machine.
+    filler: MongoClient[dict[str, Any]] = MongoClient(url)
+    lines = fill_locks(filler[DATABASE][collection_name], documents)
+    filler.close()
+    stats_documents = fill_stats(manager, STATS_PROCESSES, documents)
 
+    listed = b"result_list"
     pages = {
-        "list": "/admin/django_mongolock/lock/",
-        "list, ordered by expiry": "/admin/django_mongolock/lock/?o=expires",
-        "list, last page": f"/admin/django_mongolock/lock/?p={max(1, documents // 100)}",
-        "list, key prefix search": "/admin/django_mongolock/lock/?q=job-01",
-        "list, expired only": "/admin/django_mongolock/lock/?state=expired",
+        "list": ("/admin/django_mongolock/lock/", listed),
+        "list, ordered by expiry": ("/admin/django_mongolock/lock/?o=expires", listed),
+        "list, last page": (f"/admin/django_mongolock/lock/?p={max(1, documents // 100)}", listed),
+        "list, key prefix search": ("/admin/django_mongolock/lock/?q=job-01", listed),
+        "list, expired only": ("/admin/django_mongolock/lock/?state=expired", listed),
+        CONTENTION_PAGE: ("/admin/django_mongolock/lock/contention/", CONTENTION_MARKER),
+        KEY_PAGE: ("/admin/django_mongolock/lock/job-00001/change/", KEY_MARKER),
     }
     timings: dict[str, list[float]] = {}
-    for name, path in pages.items():
+    for name, (path, marker) in pages.items():
         for _ in range(2):  # warm-up: templates, URL resolver, connection pool
-            _get(client, path)
+            _get(client, path, marker)
         timings[name] = []
     for _ in range(requests):  # interleaved, so drifting load touches every page alike
-        for name, path in pages.items():
+        for name, (path, marker) in pages.items():
             started = time.perf_counter()
-            _get(client, path)
+            _get(client, path, marker)
             timings[name].append(time.perf_counter() - started)
     floor = _admin_floor(collection, requests)
-    collection.drop()
+    database.drop_collection(collection_name)
+    database.drop_collection(f"{collection_name}.stats")
     manager.close()
-    return {"documents": documents, "pages": timings, "floor": floor}
+    return {
+        "documents": documents,
+        "lines": lines,
+        "stats_documents": stats_documents,
+        "stats_processes": STATS_PROCESSES,
+        "pages": timings,
+        "floor": floor,
+    }
 
 
-def _get(client: Any, path: str) -> None:
+def _get(client: Any, path: str, marker: bytes) -> None:
     response = client.get(path)
-    if response.status_code != 200 or b"result_list" not in response.content:
-        raise RuntimeError(f"GET {path} answered {response.status_code} without a lock list")
-
-
-def _fill_admin(collection: Collection[Any], documents: int) -> None:
-    """``documents`` lock documents as the store writes them: nine in ten live, the rest expired."""
-    now = datetime.now(UTC)
-    docs = []
-    for n in range(documents):
-        live = n % 10 != 0
-        acquired = now - timedelta(seconds=5 + n % 50)
-        expires = (
-            now + timedelta(seconds=60 + n % 240) if live else now - timedelta(seconds=n % 300)
-        )
-        docs.append(
-            {
-                "_id": f"job-{n:05d}",
-                "key": f"job-{n:05d}",
-                "owner": f"worker-{n % 16}.example:{1000 + n % 97}:{n:012x}",
-                "token": 7_000_000_000_000 + n,
-                "acquired_at": acquired,
-                "refreshed_at": acquired,
-                "expires_at": expires,
-                "ttl": 60.0,
-            }
-        )
-    collection.insert_many(docs, ordered=False)
+    if response.status_code != 200 or marker not in response.content:
+        raise RuntimeError(f"GET {path} answered {response.status_code} without {marker!r}")
 
 
 def _admin_floor(collection: Collection[Any], requests: int) -> list[float]:

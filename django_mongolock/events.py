@@ -117,8 +117,8 @@ class RefresherTick:
     """One tick of a manager's refresher lane, on the lane's thread, after its writes.
 
     ``lag`` is how late it started after its due time; ``interval`` the lane's period;
-    ``ok`` False when the refresh write failed: the server was unreachable, or, with
-    ``refused``, it answered with an error.
+    ``ok`` False when the refresh write failed: the server was unreachable, or it
+    answered with an error.
     """
 
     source: object
@@ -398,11 +398,12 @@ def tick(
     every: float,
     ok: bool,
     *,
-    refused: bool = False,
+    refusal: bool = False,
 ) -> None:
     """A lane's tick ended: log one that started more than half an interval late (its
-    leases last three intervals: half of one late is the first sign of a stalled lane)."""
-    answered(source, ok, refused=refused)
+    leases last three intervals: half of one late is the first sign of a stalled lane).
+    ``refusal``: the server answered the refresh write with an error."""
+    answered(source, ok, refused=refusal)
     if lag > every / 2:
         tick_logger.warning(
             "the lock refresher is %.3fs behind its schedule (%d lease(s), every %.3fs)",

@@ -286,7 +286,7 @@ class Lane:
             len(locks),
             interval(shortest),
             not self._unreachable,
-            refused=self._refused,
+            refusal=self._refused,
         )
         for election in elections:
             try:

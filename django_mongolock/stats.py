@@ -7,8 +7,9 @@ and keeps plain counters in memory, at most ``MAX_BUFFERED`` keys between two fl
 collection's retention are dropped, so a manager that never ticks stays small). Each
 manager writes at most ``MAX_KEYS`` keys per minute, however often it flushes. After each
 tick of a manager's refresher lane, the notice worker that tells observers of the tick adds
-that manager's counts in one bulk write, bounded in time so that no later notice waits long; a failed write drops those counts (they are statistics,
-not records) and is logged once. The admin's contention view reads them back.
+that manager's counts in one bulk write, bounded in time so that no later notice waits
+long; a failed write drops those counts (they are statistics, not records) and is logged
+once. The admin's contention view reads them back.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired
+from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired, clock
 from django_mongolock.contrib import prometheus
 from django_mongolock.contrib.prometheus import LockMetrics
 from django_mongolock.notices import get_notices
@@ -96,10 +96,14 @@ def test_a_handoff_is_counted(
     waiter = threading.Thread(target=lambda: got.append(other.acquire("m-handoff", timeout=10)))
     waiter.start()
     pause = threading.Event()
-    for _ in range(500):  # 5 s at most: until the waiter's attempt put it in line
+    status = None
+    deadline = clock.now() + 10
+    while clock.now() < deadline:  # until the waiter's attempt put it in line
         status = manager.status("m-handoff")
         if (status is not None and status.waiting) or pause.wait(0.01):
             break
+    assert status is not None
+    assert status.waiting == 1
     assert value(registry, "mongolock_handoffs_total") == 0
     holder.release()  # hands the lock to the waiter, first in line
     waiter.join(10)
