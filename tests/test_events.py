@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -298,5 +299,27 @@ def test_only_a_lease_in_an_unanswered_refresh_sent_before_its_end_lacked_a_serv
     reasons.answered(source, ok=False)  # the server could not be reached
     try:
         assert events._reason(source, other, events._LAPSED, now) == "server-unreachable"
+    finally:
+        reasons.answered(source, ok=True)
+
+
+def test_a_refused_refresh_reads_refresh_failed_only_for_leases_the_refresher_keeps() -> None:
+    """After a refusal, a kept lease's loss reads "refresh-failed" and a refresh=False
+    lease's "expired"; an unreachable server then, and a good answer after it, undo it."""
+    source = LockManager.__new__(LockManager)  # weakly referenceable; no I/O here
+    kept, unkept = SimpleNamespace(refreshable=True), SimpleNamespace(refreshable=False)
+    now = clock.now()
+    reasons.answered(source, ok=False, refused=True)
+    try:
+        assert reasons.refused(source)
+        assert events._reason(source, kept, events._LAPSED, now) == "refresh-failed"
+        assert events._reason(source, unkept, events._LAPSED, now) == "expired"
+        reasons.answered(source, ok=False)  # then the server could not be reached
+        assert not reasons.refused(source)
+        assert events._reason(source, kept, events._LAPSED, now) == "server-unreachable"
+        reasons.answered(source, ok=False, refused=True)
+        reasons.answered(source, ok=True)
+        assert not reasons.refused(source)
+        assert events._reason(source, kept, events._LAPSED, now) == "expired"
     finally:
         reasons.answered(source, ok=True)
