@@ -26,7 +26,14 @@ from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 from django_mongolock import clock
 from django_mongolock.exceptions import LockNotAcquired
 from django_mongolock.notices import get_notices
-from django_mongolock.reasons import answered, refused, unanswered
+from django_mongolock.reasons import (
+    CLOSED,
+    LAPSED,
+    answered,
+    lease_refused,
+    refused,
+    unanswered,
+)
 
 __all__ = [
     "AcquireFinished",
@@ -48,9 +55,6 @@ Reason = Literal["expired", "force-released", "server-unreachable", "refresh-fai
 OUTCOMES: Final = ("acquired", "busy", "timeout", "error", "cancelled")
 REASONS: Final = ("expired", "force-released", "server-unreachable", "refresh-failed")
 
-# The loss reason the deadline watch gives (``lease.LAPSED``; repeated here, lease is above).
-_LAPSED = "its lease ended before it could be refreshed"
-_CLOSED = "its LockManager was closed"
 
 logger = logging.getLogger("django_mongolock.events")
 loss_logger = logging.getLogger("django_mongolock.lock")
@@ -117,8 +121,8 @@ class RefresherTick:
     """One tick of a manager's refresher lane, on the lane's thread, after its writes.
 
     ``lag`` is how late it started after its due time; ``interval`` the lane's period;
-    ``ok`` False when the refresh write failed: the server was unreachable, or it
-    answered with an error.
+    ``ok`` False when the refresh failed: the server was unreachable, or it answered
+    with an error (for some of the leases, or all).
     """
 
     source: object
@@ -263,8 +267,10 @@ def _ended() -> float:
 
 
 def _acquired(args: tuple[Any, ...], started: float, lock: Held) -> None:
-    now = _ended()
-    with _mutex:
+    global _waiting
+    now = clock.now()
+    with _mutex:  # one lock for both: this runs on every acquisition while observed
+        _waiting -= 1
         _since[lock] = now
     _emit(
         AcquireFinished(
@@ -372,10 +378,10 @@ def _reason(source: object, lock: object, detail: str, deadline: float) -> Reaso
     failed; one that ended while the server could not be reached, or while a refresh of
     it sent before its end had no answer yet, for want of a server; otherwise nobody
     refreshed it in time (``expired``)."""
-    if detail == _CLOSED:
+    if detail == CLOSED:
         return "refresh-failed"
-    if detail == _LAPSED or clock.now() >= deadline:
-        if refused(source) and getattr(lock, "refreshable", False):
+    if detail == LAPSED or clock.now() >= deadline:
+        if lease_refused(lock) or (refused(source) and getattr(lock, "refreshable", False)):
             return "refresh-failed"
         return "server-unreachable" if unanswered(source, lock, deadline) else "expired"
     return "force-released"
@@ -399,10 +405,12 @@ def tick(
     ok: bool,
     *,
     refusal: bool = False,
+    partial: bool = False,
 ) -> None:
     """A lane's tick ended: log one that started more than half an interval late (its
     leases last three intervals: half of one late is the first sign of a stalled lane).
-    ``refusal``: the server answered the refresh write with an error."""
+    ``refusal``: the server answered the refresh write with an error; ``partial``: it
+    refused some of the leases' writes only (the tick is not ``ok`` for observers)."""
     answered(source, ok, refused=refusal)
     if lag > every / 2:
         tick_logger.warning(
@@ -413,7 +421,8 @@ def tick(
             extra={"lag_seconds": round(lag, 6), "leases": leases, "interval_seconds": every},
         )
     if _observers:
-        _emit_aside(RefresherTick(source, clock.now() - started, max(0.0, lag), leases, every, ok))
+        took, late = clock.now() - started, max(0.0, lag)
+        _emit_aside(RefresherTick(source, took, late, leases, every, ok and not partial))
 
 
 def handoff(source: object, key: str, from_owner: str, to_owner: str, token: int) -> None:

@@ -11,13 +11,16 @@ import logging
 import math
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Protocol
 
 import pymongo
+from pymongo.errors import WriteError
 
 from django_mongolock import clock, events, reasons
 from django_mongolock.exceptions import MongoLockError, ServerUnavailable
 from django_mongolock.info import process_of
+from django_mongolock.mongo import DOCUMENT_REFUSED
 from django_mongolock.store import LockStore
 
 __all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "interval"]
@@ -111,8 +114,9 @@ class Lane:
         self._stopping = False
         self._retired = False
         self._thread: threading.Thread | None = None
-        self._unreachable = False
+        self._failing = False  # the last refresh failed: the server was unreachable, or refused it
         self._refused = False  # the server answered the last refresh with an error
+        self._partly = False  # ... or refused the writes of some of its leases only
         self._silent = False  # the last heartbeat failed (logged once)
         self.ticks = 0
         self._late = 0.0  # how late the current tick started after its due time
@@ -279,14 +283,16 @@ class Lane:
         with self._cond:
             self._due = min(self._due, next_due)
         self.ticks += 1
+        refreshed = bool(locks)  # an election's tick alone says nothing of the refresh
         events.tick(
             self.manager,
             started,
             lag,
             len(locks),
             interval(shortest),
-            not self._unreachable,
-            refusal=self._refused,
+            not (refreshed and self._failing),
+            refusal=refreshed and self._refused,
+            partial=refreshed and self._partly,
         )
         for election in elections:
             try:
@@ -295,12 +301,13 @@ class Lane:
                 logger.exception("campaign for %r failed", election.key)
 
     def _refresh(self, locks: list[Lease], shortest: float) -> float:
-        """One write for ``locks``; mark the refused ones lost; when to tick again."""
+        """Extend ``locks`` (one write, or two when the server refuses some documents);
+        mark the ones found released by others lost; when to tick again."""
         try:
             store = self.manager.store
         except MongoLockError:
             for lock in locks:
-                lock.mark_lost("its LockManager was closed", inline=False)
+                lock.mark_lost(reasons.CLOSED, inline=False)
             with self._cond:
                 for lock in locks:
                     self._locks.discard(lock)
@@ -315,19 +322,26 @@ class Lane:
         )
         reasons.sent(self.manager, sent_at, locks)
         answered = False
-        self._refused = False
+        self._refused = self._partly = False
+        refused: list[Lease] = []
         try:
             with pymongo.timeout(budget):
-                gone = store.refresh_many(
-                    [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
-                ) | store.refresh_shared_many(
-                    [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
-                )
+                gone, refused = _write(store, locks)
             answered = True
+            self._partly = bool(refused)
+            reasons.accepted(locks, refused)
+            if refused:
+                reasons.refused_leases(refused)
+                logger.warning(
+                    "the server refused to refresh %d of %d lock(s) (%s): they will lapse",
+                    len(refused),
+                    len(locks),
+                    ", ".join(repr(lk.key) for lk in refused[:5]),
+                )
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
-            if not self._unreachable:
+            if not self._failing:
                 logger.warning("cannot refresh %d lock(s): %s", len(locks), exc)
-            self._unreachable = True
+            self._failing = True
             # The server answered with an error (a store error but for an unreachable
             # server): the losses that follow are refresh failures, not a partition's.
             self._refused = isinstance(exc, MongoLockError) and not isinstance(
@@ -337,12 +351,15 @@ class Lane:
             return clock.now() + min(RETRY_INTERVAL, interval(shortest))
         finally:
             reasons.answered(self.manager, answered, refused=self._refused)
-        if self._unreachable:
+        if self._failing:
             logger.warning("refreshing locks again")
-            self._unreachable = False
+            self._failing = False
         lost: list[Lease] = []
         lapsed: list[Lease] = []
+        left = set(map(id, refused))
         for lock in locks:
+            if id(lock) in left:
+                continue  # not extended: its deadline comes, as a refresh failure
             if gone and lock.owner in gone:
                 if not lock.released:  # released while this tick ran: not lost
                     lost.append(lock)
@@ -365,7 +382,7 @@ class Lane:
         Bounded by the tick interval, skipped while the server is unreachable, and a
         failure is logged once until a heartbeat gets through again.
         """
-        if self._unreachable:
+        if self._failing:
             return
         try:
             store = self.manager.store
@@ -396,3 +413,37 @@ _NOT_EXTENDED = "its lease could not be extended (released by somebody else, or 
 
 def interval(ttl: float) -> float:
     return max(MIN_INTERVAL, ttl / 3)
+
+
+def _write(store: LockStore, locks: Sequence[Lease]) -> tuple[set[str], list[Lease]]:
+    """Refresh ``locks``: the owners whose lease could not be extended, and the leases
+    whose write the server refused.
+
+    One ``update_many`` for the exclusive leases and one for the shared ones. When the
+    server refuses to update a document (a validator that rejects it: a write error, not a
+    failure of the whole command), that update stops there, with the documents before it
+    extended and the rest not; the leases are then written again one by one, in a single
+    unordered bulk write, so that the refused document costs its own lease, not all of the
+    manager's. Raises when every lease was refused, and at once for any other error (a
+    permission revoked, an unreachable server): writing again would not help.
+    """
+    exclusive = [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
+    shared = [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
+    try:
+        return store.refresh_many(exclusive) | store.refresh_shared_many(shared), []
+    except MongoLockError as exc:
+        cause = exc.__cause__
+        if (
+            isinstance(exc, ServerUnavailable)
+            or not isinstance(cause, WriteError)
+            or cause.code != DOCUMENT_REFUSED
+            or len(locks) < 2
+        ):
+            raise
+        first = exc
+    gone, refused = store.refresh_each(exclusive)
+    gone_shared, refused_shared = store.refresh_each(shared, shared=True)
+    refused |= refused_shared
+    if len(refused) >= len(locks):
+        raise first
+    return gone | gone_shared, [lk for lk in locks if lk.owner in refused]

@@ -19,13 +19,12 @@ from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
 from django_mongolock.notices import get_notices
+from django_mongolock.reasons import LAPSED
 from django_mongolock.signals import calls, lock_lost, send_safely
 
 __all__ = ["LAPSED", "LeaseState"]
 
 logger = logging.getLogger("django_mongolock.lock")
-
-LAPSED = "its lease ended before it could be refreshed"
 
 
 class LeaseState:

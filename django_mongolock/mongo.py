@@ -31,6 +31,7 @@ from django_mongolock.exceptions import MongoLockError, ReplicaSetRequired, Serv
 
 __all__ = [
     "CODEC",
+    "DOCUMENT_REFUSED",
     "HISTORY_LOST",
     "NAMESPACE_NOT_FOUND",
     "RETRYABLE_CODES",
@@ -54,6 +55,8 @@ RETRYABLE_CODES: Final = frozenset(
 )
 # ChangeStreamFatalError, ChangeStreamHistoryLost: the resume token cannot be used again.
 HISTORY_LOST: Final = frozenset({280, 286})
+# DocumentValidationFailure: the server refuses this document's write (a validator).
+DOCUMENT_REFUSED: Final = 121
 # The collection does not exist (yet): it has no indexes.
 NAMESPACE_NOT_FOUND: Final = 26
 _AUTHENTICATION_FAILED: Final = 18

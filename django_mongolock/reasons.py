@@ -5,8 +5,9 @@ lock taken with ``refresh=False``, a stalled process); "server-unreachable" when
 refresher tried: its manager's last refresh could not reach the server, or a refresh of
 that very lease, sent before its end, still waits for an answer (the deadline watch fires
 before the write's own timeout is reported); and "refresh-failed" when the server answered
-the manager's last refresh with an error (a permission revoked, a validator that refuses
-the write). Kept weakly per manager, so that a closed manager's state cannot pass to a new
+the manager's last refresh with an error (a permission revoked), or refused that lease's
+own write while the others went through (a validator that rejects its document). Kept
+weakly per manager (and per lease), so that a closed manager's state cannot pass to a new
 one, and forgotten in a forked child, whose parent's lanes do not run there.
 """
 
@@ -17,7 +18,23 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["answered", "refused", "sent", "unanswered"]
+__all__ = [
+    "CLOSED",
+    "LAPSED",
+    "accepted",
+    "answered",
+    "lease_refused",
+    "refused",
+    "refused_leases",
+    "sent",
+    "unanswered",
+]
+
+# The ``LockLost`` sentences the engine gives two losses; ``events`` sorts losses by them.
+LAPSED = "its lease ended before it could be refreshed"
+"""The holder's own deadline passed before a refresh extended the lease."""
+CLOSED = "its LockManager was closed"
+"""The manager that kept the lease alive was closed while the lock was held."""
 
 
 class _Sent:
@@ -44,6 +61,9 @@ class _Sent:
 _failing: weakref.WeakSet[Any] = weakref.WeakSet()
 _refused: weakref.WeakSet[Any] = weakref.WeakSet()
 _refreshing: weakref.WeakKeyDictionary[Any, _Sent] = weakref.WeakKeyDictionary()
+# Leases whose own refresh write the server refused while the manager's others went
+# through: marked on the lease, since the manager's next ticks succeed.
+_refused_leases: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def sent(source: object, sent_at: float, leases: Sequence[object]) -> None:
@@ -63,6 +83,30 @@ def answered(source: object, ok: bool, *, refused: bool = False) -> None:
     else:
         _refused.discard(source)
     _refreshing.pop(source, None)
+
+
+def refused_leases(leases: Sequence[object]) -> None:
+    """The server refused these leases' refresh writes (and not their manager's others)."""
+    _refused_leases.update(leases)
+
+
+def accepted(leases: Sequence[object], refused: Sequence[object] = ()) -> None:
+    """The server took these leases' refresh writes, but for ``refused``: a lease refused
+    once and extended since loses that mark (free while no lease is marked)."""
+    if not _refused_leases:
+        return
+    still = set(map(id, refused))
+    for lease in leases:
+        if id(lease) not in still:
+            _refused_leases.discard(lease)
+
+
+def lease_refused(lease: object) -> bool:
+    """Whether the server refused a refresh write of ``lease`` itself."""
+    try:
+        return lease in _refused_leases
+    except TypeError:  # not weakly referenceable: never refreshed by a lane
+        return False
 
 
 def refused(source: object) -> bool:
@@ -88,6 +132,7 @@ def _forget_in_child() -> None:
     _failing.clear()
     _refused.clear()
     _refreshing.clear()
+    _refused_leases.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -96,13 +96,21 @@ class Recorder:
         )
         self._failing = False
         self.flushes = 0
+        # The last minute seen, as a number and as its bucket's datetime: one conversion
+        # a minute, not one per event.
+        self._minute: tuple[int, datetime] = (-1, queries.bucket_of(0))
 
     def _bucket(self, source: Hashable, key: str, at: float) -> queries.Bucket:
         """The bucket of ``key`` at ``at`` (holding the mutex)."""
         pending = self._pending.get(source)
         if pending is None:
             pending = self._pending[source] = _Pending({})
-        minute = queries.bucket_of(at)
+        number = int(at // queries.BUCKET_SECONDS)
+        if number == self._minute[0]:
+            minute = self._minute[1]
+        else:
+            minute = queries.bucket_of(at)
+            self._minute = (number, minute)
         bucket = pending.buckets.get((key, minute))
         if bucket is None:
             if len(pending.buckets) >= self.max_buffered:
@@ -333,7 +341,7 @@ def _store_of(source: object) -> LockStore | None:
 
 def observe(event: events.Event, recorder: Recorder | None = None) -> None:
     """Count one lock event; on a refresher tick, flush the ticking manager's counts."""
-    recorder = recorder or get_recorder()
+    recorder = recorder or _recorder or get_recorder()
     if isinstance(event, events.AcquireFinished):
         if event.outcome != "cancelled":
             recorder.acquire(
@@ -359,9 +367,9 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
         recorder.handoff(event.source, event.key, owner=event.to_owner, token=event.token)
     elif isinstance(event, events.RefresherTick):
         # The next refresh must not wait on statistics: nothing while the server is
-        # unreachable (the refresh just failed) or slow (the tick took, or started, more
-        # than half its interval late: the counts wait for a quicker tick), and a quarter
-        # of the interval at most.
+        # unreachable or refuses writes (the refresh just failed), or slow (the tick
+        # took, or started, more than half its interval late: the counts wait for a
+        # quicker tick), and a quarter of the interval at most.
         if not event.ok or not recorder.pending(event.source):
             return
         every = event.interval

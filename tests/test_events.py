@@ -7,15 +7,13 @@ import logging
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from pymongo import MongoClient
-from pymongo.database import Database
 
 from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events, reasons
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
+from tests.validators import refusing
 
 
 @pytest.fixture
@@ -194,29 +192,45 @@ def test_a_refresh_the_server_refuses_loses_with_refresh_failed(
     mongolock_url: str, manager: LockManager, seen: list[events.Event]
 ) -> None:
     lock = manager.acquire("ev-refused", ttl=1.5)
-    client: MongoClient[dict[str, Any]]
-    with MongoClient(mongolock_url) as client:
-        database: Database[dict[str, Any]] = client[manager.database]
-        # A validator that fails every write to the lock's document: the server answers
-        # the refresh with an error (a document validation failure), not with silence.
-        database.command(
-            "collMod",
-            manager.collection,
-            validator={"_id": {"$ne": "ev-refused"}},
-            validationLevel="strict",
-            validationAction="error",
-        )
-        try:
-            assert lock.lost.wait(5)
-            _wait_for_loss(seen, lock)
-        finally:
-            database.command("collMod", manager.collection, validator={})
+    # The server answers the refresh with an error (a document validation failure).
+    with refusing(mongolock_url, manager, "ev-refused"):
+        assert lock.lost.wait(5)
+        _wait_for_loss(seen, lock)
     (loss,) = _losses(seen, lock)
     assert loss.reason == "refresh-failed"
     assert any(
         isinstance(e, events.RefresherTick) and e.source is manager and not e.ok for e in seen
     )
     assert reasons.refused(manager)
+
+
+def test_a_refused_document_costs_only_its_own_lease(
+    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+) -> None:
+    """A document the server refuses to update stops the manager's bulk refresh there;
+    the lane writes the leases again one by one, so the others are kept, shared ones too."""
+    bad = manager.acquire("ev-refused-one", ttl=1.5)
+    # Keys on both sides of the refused one: update_many stops at the first refusal.
+    kept = [manager.acquire(f"ev-{side}-{n}", ttl=1.5) for side in ("a", "z") for n in range(3)]
+    kept.append(manager.acquire("ev-shared", ttl=1.5, shared=True, limit=2))
+    try:
+        with refusing(mongolock_url, manager, "ev-refused-one"):
+            assert bad.lost.wait(5)
+            _wait_for_loss(seen, bad)
+            # Longer than the kept leases' own ttl: only the refresher kept them alive.
+            assert not threading.Event().wait(1.6)
+            assert [lock.valid for lock in kept] == [True] * len(kept)
+            kept[0].refresh()
+            kept[-1].refresh()
+    finally:
+        for lock in kept:
+            lock.release()
+    (loss,) = _losses(seen, bad)
+    assert loss.reason == "refresh-failed"
+    assert all(not _losses(seen, lock) for lock in kept)
+    ticks = [e for e in seen if isinstance(e, events.RefresherTick) and e.source is manager]
+    assert any(not tick.ok for tick in ticks)  # a partial refusal is a failed tick
+    assert not reasons.refused(manager)  # ... but not the manager's refusal
 
 
 def test_a_lease_that_lapses_while_the_server_is_unreachable(
@@ -290,15 +304,15 @@ def test_only_a_lease_in_an_unanswered_refresh_sent_before_its_end_lacked_a_serv
     now = clock.now()
     reasons.sent(source, now - 1.0, [waited])
     try:
-        assert events._reason(source, waited, events._LAPSED, now) == "server-unreachable"
-        assert events._reason(source, other, events._LAPSED, now) == "expired"
-        assert events._reason(source, waited, events._LAPSED, now - 2.0) == "expired"
+        assert events._reason(source, waited, reasons.LAPSED, now) == "server-unreachable"
+        assert events._reason(source, other, reasons.LAPSED, now) == "expired"
+        assert events._reason(source, waited, reasons.LAPSED, now - 2.0) == "expired"
     finally:
         reasons.answered(source, ok=True)
-    assert events._reason(source, waited, events._LAPSED, now) == "expired"
+    assert events._reason(source, waited, reasons.LAPSED, now) == "expired"
     reasons.answered(source, ok=False)  # the server could not be reached
     try:
-        assert events._reason(source, other, events._LAPSED, now) == "server-unreachable"
+        assert events._reason(source, other, reasons.LAPSED, now) == "server-unreachable"
     finally:
         reasons.answered(source, ok=True)
 
@@ -312,14 +326,30 @@ def test_a_refused_refresh_reads_refresh_failed_only_for_leases_the_refresher_ke
     reasons.answered(source, ok=False, refused=True)
     try:
         assert reasons.refused(source)
-        assert events._reason(source, kept, events._LAPSED, now) == "refresh-failed"
-        assert events._reason(source, unkept, events._LAPSED, now) == "expired"
+        assert events._reason(source, kept, reasons.LAPSED, now) == "refresh-failed"
+        assert events._reason(source, unkept, reasons.LAPSED, now) == "expired"
         reasons.answered(source, ok=False)  # then the server could not be reached
         assert not reasons.refused(source)
-        assert events._reason(source, kept, events._LAPSED, now) == "server-unreachable"
+        assert events._reason(source, kept, reasons.LAPSED, now) == "server-unreachable"
         reasons.answered(source, ok=False, refused=True)
         reasons.answered(source, ok=True)
         assert not reasons.refused(source)
-        assert events._reason(source, kept, events._LAPSED, now) == "expired"
+        assert events._reason(source, kept, reasons.LAPSED, now) == "expired"
     finally:
         reasons.answered(source, ok=True)
+
+
+def test_a_lease_refused_once_and_extended_since_loses_the_mark() -> None:
+    class Lease:
+        pass
+
+    kept, still = Lease(), Lease()
+    reasons.refused_leases([kept, still])
+    try:
+        assert reasons.lease_refused(kept)
+        reasons.accepted([kept, still], refused=[still])
+        assert not reasons.lease_refused(kept)
+        assert reasons.lease_refused(still)
+    finally:
+        reasons.accepted([kept, still])
+    assert not reasons.lease_refused(still)

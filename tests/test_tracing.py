@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -15,23 +18,33 @@ from django_mongolock import LockLost, LockManager, LockNotAcquired
 from django_mongolock.contrib import otel
 
 
+class Exporter(InMemorySpanExporter):
+    """The SDK's in-memory exporter, read after the spans pending in ``tracing`` are built."""
+
+    tracing: otel.LockTracing
+
+    def spans(self, name: str) -> list[ReadableSpan]:
+        self.tracing.flush()
+        return [s for s in self.get_finished_spans() if s.name == name]
+
+
 @pytest.fixture
-def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
+def traced() -> Iterator[tuple[TracerProvider, Exporter]]:
+    exporter = Exporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing = otel.LockTracing(provider)
+    exporter.tracing = otel.LockTracing(provider)
     yield provider, exporter
-    tracing.close()
+    exporter.tracing.close()
     provider.shutdown()
 
 
-def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
-    return [s for s in exporter.get_finished_spans() if s.name == name]
+def named(exporter: Exporter, name: str) -> list[ReadableSpan]:
+    return exporter.spans(name)
 
 
 def test_acquire_and_hold_are_children_of_the_callers_span(
-    manager: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+    manager: LockManager, traced: tuple[TracerProvider, Exporter]
 ) -> None:
     provider, exporter = traced
     tracer = provider.get_tracer("test")
@@ -65,7 +78,7 @@ def test_acquire_and_hold_are_children_of_the_callers_span(
 
 
 def test_timeout_is_an_error_span_with_its_wait(
-    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, Exporter]
 ) -> None:
     _, exporter = traced
     holder = manager.acquire("t-busy", ttl=10)
@@ -87,15 +100,18 @@ def test_timeout_is_an_error_span_with_its_wait(
 
 
 def test_a_lost_hold_ends_with_its_reason(
-    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, Exporter]
 ) -> None:
     _, exporter = traced
     lock = manager.acquire("t-lost", ttl=30)
-    assert named(exporter, "mongolock.hold") == []  # open while held
     other.force_release("t-lost")
     with pytest.raises(LockLost):
         lock.refresh()
     assert not lock.release()
+    # The loss is told on a notice worker, then built on the backlog's thread.
+    deadline = time.monotonic() + 5
+    while not named(exporter, "mongolock.hold") and time.monotonic() < deadline:
+        time.sleep(0.01)
     (hold,) = named(exporter, "mongolock.hold")
     assert hold.status.status_code is StatusCode.ERROR
     assert hold.attributes is not None
@@ -103,7 +119,7 @@ def test_a_lost_hold_ends_with_its_reason(
 
 
 def test_async_spans_follow_the_task(
-    manager: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+    manager: LockManager, traced: tuple[TracerProvider, Exporter]
 ) -> None:
     provider, exporter = traced
     tracer = provider.get_tracer("test")
@@ -135,7 +151,7 @@ def test_install_once() -> None:
 
 
 def test_a_refused_try_outside_any_trace_makes_no_span(
-    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, InMemorySpanExporter]
+    manager: LockManager, other: LockManager, traced: tuple[TracerProvider, Exporter]
 ) -> None:
     provider, exporter = traced
     holder = manager.acquire("t-try", ttl=10)
@@ -150,3 +166,44 @@ def test_a_refused_try_outside_any_trace_makes_no_span(
         if s.attributes is not None
     ]
     assert outcomes == ["acquired", "busy"]
+
+
+def test_spans_are_built_off_the_callers_thread_with_its_parent_and_times(
+    manager: LockManager, traced: tuple[TracerProvider, Exporter]
+) -> None:
+    """The caller notes times and context; the SDK's work happens on the backlog's thread."""
+    provider, exporter = traced
+    built_in: list[int] = []
+
+    class Where(SpanProcessor):
+        def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+            built_in.append(threading.get_ident())
+
+    provider.add_span_processor(Where())
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("request") as request:
+        before = time.time_ns()
+        with manager.acquire("t-where", ttl=10):
+            acquired = time.time_ns()
+        released = time.time_ns()
+    deadline = time.monotonic() + 5
+    while len(exporter.get_finished_spans()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # built by the backlog's own thread, without a flush
+    (acquire,) = [s for s in named(exporter, "mongolock.acquire") if _key(s) == "t-where"]
+    (hold,) = [s for s in named(exporter, "mongolock.hold") if _key(s) == "t-where"]
+    assert built_in[0] == threading.get_ident()  # the request span, started here
+    assert threading.get_ident() not in built_in[1:]
+    for span in (acquire, hold):
+        assert span.parent is not None
+        assert span.parent.span_id == request.get_span_context().span_id
+    assert acquire.start_time is not None
+    assert acquire.end_time is not None
+    assert hold.start_time is not None
+    assert hold.end_time is not None
+    assert before <= acquire.start_time <= acquire.end_time <= acquired
+    assert acquire.end_time == hold.start_time
+    assert acquired <= hold.end_time <= released
+
+
+def _key(span: ReadableSpan) -> object:
+    return (span.attributes or {}).get("mongolock.key")

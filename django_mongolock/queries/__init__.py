@@ -44,6 +44,7 @@ from django_mongolock.queries.indexes import (
 )
 from django_mongolock.queries.inspection import COUNTED, SORTS, counts, find, force_release, listing
 from django_mongolock.queries.leases import (
+    REFRESH_MANY_PIPELINE,
     REFRESHED_LIVE,
     RELEASE_PIPELINE,
     SHARED_LEASES,
@@ -98,6 +99,7 @@ __all__ = [
     "PROCESS_TTL_INDEX",
     "PROJECTION",
     "REFRESHED_LIVE",
+    "REFRESH_MANY_PIPELINE",
     "RELEASE_PIPELINE",
     "SHARED_LEASES",
     "SORTS",

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pymongo
-from pymongo import ASCENDING, ReturnDocument
-from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
+from pymongo import ASCENDING, ReturnDocument, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
 
 from django_mongolock import mongo, queries
 from django_mongolock.info import LockInfo
@@ -190,6 +190,63 @@ class HolderQueries(StoreBase):
             docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
             alive = queries.live_shared_owners(docs, owners)
         return owners - alive
+
+    def refresh_each(
+        self, held: Sequence[tuple[str, str, int]], *, shared: bool = False
+    ) -> tuple[set[str], set[str]]:
+        """Extend each lease in ``held`` with a write of its own, all in one unordered bulk
+        write: the way round a document the server refuses to update (a validator that
+        rejects it), which stops ``refresh_many`` there and leaves the rest undone.
+
+        Returns the owners whose lease could not be extended, and the owners whose write
+        the server refused (named by the bulk write's errors, one per refused document).
+        Raises for any other error, as ``refresh_many`` does.
+        """
+        if not held:
+            return set(), set()
+        writes = [
+            UpdateOne(*self._refresh_one(key, owner, token, shared), hint=_BY_ID)
+            for key, owner, token in held
+        ]
+        refused: set[str] = set()
+        with self._translate:
+            try:
+                self.collection.bulk_write(writes, ordered=False)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors") or []
+                # Only documents the server refuses (a validator): any other error (a time
+                # limit, an interruption) may have left later writes undone.
+                if (
+                    exc.details.get("writeConcernErrors")
+                    or not errors
+                    or any(error.get("code") != mongo.DOCUMENT_REFUSED for error in errors)
+                ):
+                    raise
+                refused = {held[error["index"]][1] for error in errors}
+            rest = [lease for lease in held if lease[1] not in refused]
+            if not rest:
+                return set(), refused
+            owners = {owner for _, owner, _ in rest}
+            if shared:
+                query, _ = queries.refresh_shared_many(rest)
+                docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
+                alive = queries.live_shared_owners(docs, owners)
+            else:
+                query, _ = queries.refresh_many(rest)
+                live = {**query, **queries.REFRESHED_LIVE}
+                alive = {
+                    doc["owner"]
+                    for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
+                }
+        return owners - alive, refused
+
+    @staticmethod
+    def _refresh_one(
+        key: str, owner: str, token: int, shared: bool
+    ) -> tuple[dict[str, Any], list[Any]]:
+        if shared:
+            return queries.refresh_shared_many([(key, owner, token)])
+        return {"_id": key, "owner": owner}, list(queries.REFRESH_MANY_PIPELINE)
 
     def release_many(self, held: Sequence[tuple[str, str, int]]) -> int:
         """Free the holders' exclusive locks in one write (at exit); how many were freed."""

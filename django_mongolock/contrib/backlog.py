@@ -1,0 +1,166 @@
+"""Work an observer takes off the caller's thread: queued in a few hundred nanoseconds,
+done in batches by one thread of its own.
+
+Spans are built by the tracing SDK, which checks every attribute and asks the sampler:
+tens of microseconds a span, paid by the thread that holds the lock if done there. A
+span's times are given explicitly, so building it a moment later changes nothing in the
+trace, and a waiting thread's time is better spent on the round trip it is waiting for.
+
+The thread sleeps while there is no work (no wake-ups when idle); the first job posted
+wakes it, and it runs the jobs that gathered ``delay`` seconds later, so a busy process
+pays one wake-up per batch, not one per lock. The queue is bounded: past ``limit`` jobs
+waiting, new ones are dropped and counted (``dropped``), as the SDK's own batch
+processor does with spans. A forked child starts with an empty queue, and its first post
+starts its own thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+__all__ = ["Backlog"]
+
+logger = logging.getLogger("django_mongolock.contrib")
+
+DELAY: Final = 0.2
+"""How long the thread lets jobs gather between two batches while they keep coming."""
+
+LIMIT: Final = 8192
+"""Jobs waiting at most; more are dropped."""
+
+YIELD_AFTER: Final = 0.0005
+"""A batch gives other threads the interpreter after this many seconds of work."""
+
+
+class Backlog:
+    """A bounded queue of jobs and the daemon thread that runs them."""
+
+    def __init__(self, name: str, *, delay: float = DELAY, limit: int = LIMIT) -> None:
+        self.name = name
+        self.delay = delay
+        self.limit = limit
+        self.dropped = 0
+        self._jobs: deque[Callable[[], object]] = deque()
+        self._cond = threading.Condition()
+        # Serialises batches: the thread's and a caller's flush() never run jobs at once.
+        self._running = threading.Lock()
+        self._asleep = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        _backlogs.add(self)
+        atexit.register(self.flush)
+
+    def post(self, job: Callable[[], object]) -> None:
+        """Run ``job`` soon on the backlog's thread (dropped if ``limit`` jobs wait)."""
+        if self._closed:
+            return
+        if len(self._jobs) >= self.limit:
+            with self._cond:
+                self.dropped += 1
+                first = self.dropped == 1
+            if first:
+                logger.warning("%s: more than %d jobs waiting; dropping", self.name, self.limit)
+            return
+        self._jobs.append(job)
+        if self.closed:  # closed meanwhile: its last drain may be over, run it here
+            self._drain(None)
+            return
+        # Read after the append: a thread that has just found the queue empty said it
+        # sleeps before it looked, so this job is either seen by it or followed by a
+        # wake-up (the interpreter's lock orders the two threads' steps).
+        if self._asleep or self._thread is None:
+            with self._cond:
+                if self._thread is None and not self._closed:
+                    self._start()
+                self._cond.notify()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called: posts are dropped from then on."""
+        return self._closed
+
+    def flush(self) -> None:
+        """Run, now and in this thread, the jobs queued before the call (not those posted
+        while it runs: a caller under load would never return)."""
+        self._drain(len(self._jobs))
+
+    def close(self) -> None:
+        """Run what is queued, then take no more jobs and let the thread end."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._drain(None)
+        atexit.unregister(self.flush)
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's jobs and thread are not ours."""
+        self._jobs.clear()
+        self._cond = threading.Condition()
+        self._running = threading.Lock()
+        self._asleep = False
+        self._thread = None
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._jobs:
+                        self._asleep = True
+                        while not self._jobs and not self._closed:
+                            self._cond.wait()
+                        self._asleep = False
+                    if self._closed:
+                        break
+                    # Let a batch gather: posts do not wake a thread that is not asleep.
+                    self._cond.wait(self.delay)
+                while self._jobs:  # in bounded runs: a flush() waits for one at most
+                    self._drain(len(self._jobs))
+        finally:
+            with self._cond:
+                if self._thread is threading.current_thread():
+                    self._thread = None  # a later post starts another
+                self._asleep = False
+            self._drain(None)  # posted while it closed: run, not lost
+
+    def _drain(self, most: int | None) -> None:
+        """Run the queued jobs (at most ``most`` of them; all, and those posted meanwhile,
+        for None)."""
+        with self._running:
+            since = time.monotonic()
+            while self._jobs and (most is None or most > 0):
+                job = self._jobs.popleft()
+                if most is not None:
+                    most -= 1
+                try:
+                    job()
+                except Exception:
+                    logger.exception("%s: a job failed", self.name)
+                if time.monotonic() - since > YIELD_AFTER:
+                    # Give the interpreter up now and then (best effort: it cannot be
+                    # handed over), so that a caller whose answer came is not kept waiting
+                    # for the interpreter's whole switch interval.
+                    time.sleep(0)
+                    since = time.monotonic()
+
+
+_backlogs: weakref.WeakSet[Backlog] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for backlog in list(_backlogs):
+        backlog._after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,176 @@
+"""The backlog that runs an observer's work off the caller's thread."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import threading
+
+import pytest
+
+from django_mongolock.contrib.backlog import Backlog
+
+
+def _note(seen: list[tuple[int, int]], number: int) -> None:
+    seen.append((number, threading.get_ident()))
+
+
+def test_jobs_run_in_order_on_the_backlogs_thread() -> None:
+    backlog = Backlog("test-backlog", delay=0.01)
+    seen: list[tuple[int, int]] = []
+    done = threading.Event()
+    try:
+        for number in range(50):
+            backlog.post(functools.partial(_note, seen, number))
+        backlog.post(done.set)
+        assert done.wait(5)
+    finally:
+        backlog.close()
+    assert [n for n, _ in seen] == list(range(50))
+    assert threading.get_ident() not in {ident for _, ident in seen}
+
+
+def test_a_post_after_the_thread_fell_asleep_wakes_it() -> None:
+    """The thread sleeps with nothing to do; every later post must still run."""
+    backlog = Backlog("test-backlog", delay=0.001)
+    pause = threading.Event()
+    try:
+        for number in range(200):
+            ran = threading.Event()
+            backlog.post(ran.set)
+            assert ran.wait(5), "a job posted to a sleeping backlog never ran"
+            if number % 2:  # every other post finds the thread asleep; the rest, racing it
+                for _ in range(500):
+                    if backlog._asleep or pause.wait(0.001):
+                        break
+                assert backlog._asleep
+    finally:
+        backlog.close()
+
+
+def _occupy(backlog: Backlog) -> threading.Event:
+    """Keep the backlog's thread busy with one job until the returned gate is set."""
+    gate = threading.Event()
+    started = threading.Event()
+
+    def block() -> None:
+        started.set()
+        gate.wait(10)
+
+    backlog.post(block)
+    assert started.wait(5)
+    return gate
+
+
+def test_flush_returns_once_every_job_queued_before_it_has_run() -> None:
+    backlog = Backlog("test-backlog", delay=0.01)
+    ran: list[int] = []
+    try:
+        gate = _occupy(backlog)  # the thread is busy with the first job
+        backlog.post(lambda: ran.append(1))
+        gate.set()
+        backlog.flush()
+        assert ran == [1]
+    finally:
+        backlog.close()
+
+
+def test_past_the_limit_jobs_are_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    backlog = Backlog("test-backlog", limit=3)
+    ran: list[int] = []
+    try:
+        gate = _occupy(backlog)
+        with caplog.at_level(logging.WARNING, "django_mongolock.contrib"):
+            for number in range(5):
+                backlog.post(functools.partial(ran.append, number))
+        gate.set()
+        backlog.flush()
+    finally:
+        backlog.close()
+    assert ran == [0, 1, 2]
+    assert backlog.dropped == 2
+    assert [r.getMessage() for r in caplog.records if r.name == "django_mongolock.contrib"] == [
+        "test-backlog: more than 3 jobs waiting; dropping"
+    ]
+
+
+def test_a_failing_job_is_logged_and_the_next_ones_run(caplog: pytest.LogCaptureFixture) -> None:
+    backlog = Backlog("test-backlog", delay=0.01)
+    done = threading.Event()
+
+    def fail() -> None:
+        raise ValueError("boom")
+
+    try:
+        with caplog.at_level(logging.ERROR, "django_mongolock.contrib"):
+            backlog.post(fail)
+            backlog.post(done.set)
+            assert done.wait(5)
+    finally:
+        backlog.close()
+    assert any(r.exc_info and r.exc_info[0] is ValueError for r in caplog.records)
+
+
+def test_close_runs_the_queue_ends_the_thread_and_refuses_more() -> None:
+    backlog = Backlog("test-backlog", delay=10)
+    ran: list[int] = []
+    backlog.post(lambda: ran.append(1))
+    thread = backlog._thread
+    assert thread is not None
+    backlog.close()
+    assert ran == [1]
+    thread.join(5)
+    assert not thread.is_alive()
+    backlog.post(lambda: ran.append(2))
+    backlog.flush()
+    assert ran == [1]
+
+
+def _child(backlog: Backlog, result: multiprocessing.Queue[object]) -> None:
+    ran = threading.Event()
+    backlog.post(ran.set)
+    result.put((ran.wait(5), backlog.dropped))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+def test_a_forked_child_runs_its_own_jobs_not_the_parents() -> None:
+    backlog = Backlog("test-backlog", delay=0.01, limit=1)
+    gate = _occupy(backlog)
+    backlog.post(lambda: None)  # fills the parent's queue (limit 1)
+    context = multiprocessing.get_context("fork")
+    result: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_child, args=(backlog, result))
+    try:
+        child.start()
+        child.join(10)
+        assert child.exitcode == 0
+        # The child's queue started empty (nothing dropped) and its own thread ran the job.
+        assert result.get(timeout=10) == (True, 0)
+    finally:
+        if child.is_alive():
+            child.kill()
+        gate.set()
+        backlog.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_ended_by_its_job_is_started_again_by_the_next_post() -> None:
+    backlog = Backlog("test-backlog", delay=0.5)
+    ran = threading.Event()
+
+    def leave() -> None:
+        raise SystemExit  # ends the thread, as it would any thread
+
+    try:
+        backlog.post(leave)
+        first = backlog._thread
+        assert first is not None
+        first.join(5)
+        assert not first.is_alive()
+        backlog.post(ran.set)
+        assert ran.wait(5)
+    finally:
+        backlog.close()
