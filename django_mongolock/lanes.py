@@ -301,8 +301,9 @@ class Lane:
                 logger.exception("campaign for %r failed", election.key)
 
     def _refresh(self, locks: list[Lease], shortest: float) -> float:
-        """Extend ``locks`` (one write, or two when the server refuses some documents);
-        mark the ones found released by others lost; when to tick again."""
+        """Extend ``locks`` (a write for the exclusive leases and one for the shared;
+        lease by lease for a kind whose write the server refused, see ``_write``); mark
+        the ones found released by others lost; when to tick again."""
         try:
             store = self.manager.store
         except MongoLockError:
@@ -358,7 +359,7 @@ class Lane:
         lapsed: list[Lease] = []
         left = set(map(id, refused))
         for lock in locks:
-            if id(lock) in left:
+            if left and id(lock) in left:
                 continue  # not extended: its deadline comes, as a refresh failure
             if gone and lock.owner in gone:
                 if not lock.released:  # released while this tick ran: not lost
@@ -422,28 +423,43 @@ def _write(store: LockStore, locks: Sequence[Lease]) -> tuple[set[str], list[Lea
     One ``update_many`` for the exclusive leases and one for the shared ones. When the
     server refuses to update a document (a validator that rejects it: a write error, not a
     failure of the whole command), that update stops there, with the documents before it
-    extended and the rest not; the leases are then written again one by one, in a single
-    unordered bulk write, so that the refused document costs its own lease, not all of the
-    manager's. Raises when every lease was refused, and at once for any other error (a
-    permission revoked, an unreachable server): writing again would not help.
+    extended and the rest not; that kind's leases are then written again one by one, in a
+    single unordered bulk write, so that the refused document costs its own lease, not all
+    of the manager's (the other kind's write stands). Raises when every lease was refused,
+    and at once for any other error (a permission revoked, an unreachable server): writing
+    again would not help.
     """
     exclusive = [(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]
     shared = [(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]
-    try:
-        return store.refresh_many(exclusive) | store.refresh_shared_many(shared), []
-    except MongoLockError as exc:
-        cause = exc.__cause__
-        if (
-            isinstance(exc, ServerUnavailable)
-            or not isinstance(cause, WriteError)
-            or cause.code != DOCUMENT_REFUSED
-            or len(locks) < 2
-        ):
-            raise
-        first = exc
-    gone, refused = store.refresh_each(exclusive)
-    gone_shared, refused_shared = store.refresh_each(shared, shared=True)
-    refused |= refused_shared
-    if len(refused) >= len(locks):
+    gone: set[str] = set()
+    refused: set[str] = set()
+    first: MongoLockError | None = None
+    for held, is_shared in ((exclusive, False), (shared, True)):
+        try:
+            gone |= store.refresh_shared_many(held) if is_shared else store.refresh_many(held)
+            continue
+        except MongoLockError as exc:
+            if not _refusal(exc) or len(locks) < 2:
+                raise
+            first = first or exc
+        if len(held) == 1:  # its only document is the one refused: no need to ask again
+            refused.add(held[0][1])
+            continue
+        # Only this kind's write stopped: the other one's stands, and is not sent again.
+        lost, not_taken = store.refresh_each(held, shared=is_shared)
+        gone |= lost
+        refused |= not_taken
+    if first is not None and len(refused) >= len(locks):
         raise first
-    return gone | gone_shared, [lk for lk in locks if lk.owner in refused]
+    return gone, [lk for lk in locks if lk.owner in refused]
+
+
+def _refusal(exc: MongoLockError) -> bool:
+    """Whether the server refused to update a document (a validator rejected it), as
+    opposed to failing the whole write."""
+    cause = exc.__cause__
+    return (
+        not isinstance(exc, ServerUnavailable)
+        and isinstance(cause, WriteError)
+        and cause.code == DOCUMENT_REFUSED
+    )

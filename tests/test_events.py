@@ -7,10 +7,19 @@ import logging
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from django_mongolock import LockLost, LockManager, LockNotAcquired, clock, events, reasons
+from django_mongolock import (
+    Lock,
+    LockLost,
+    LockManager,
+    LockNotAcquired,
+    clock,
+    events,
+    reasons,
+)
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 from tests.validators import refusing
@@ -204,11 +213,44 @@ def test_a_refresh_the_server_refuses_loses_with_refresh_failed(
     assert reasons.refused(manager)
 
 
+def _partial_ticks(
+    monkeypatch: pytest.MonkeyPatch, manager: LockManager
+) -> list[tuple[bool, bool]]:
+    """(refusal, partial) of every tick the manager's lane reports, as it reports it."""
+    told: list[tuple[bool, bool]] = []
+    tick = events.tick
+
+    def spy(source: object, *args: Any, refusal: bool = False, partial: bool = False) -> None:
+        if source is manager:
+            told.append((refusal, partial))
+        tick(source, *args, refusal=refusal, partial=partial)
+
+    monkeypatch.setattr(events, "tick", spy)
+    return told
+
+
+def _only_its_own_lost(
+    seen: list[events.Event], bad: Lock, kept: list[Lock], told: list[tuple[bool, bool]]
+) -> None:
+    """The refused lease was lost as a refresh failure and no other lease was lost; the
+    lane told of a partial refusal, never of the manager's (which every later loss of its
+    leases would read as a refresh failure)."""
+    (loss,) = _losses(seen, bad)
+    assert loss.reason == "refresh-failed"
+    assert all(not _losses(seen, lock) for lock in kept)
+    assert (False, True) in told
+    assert all(not refusal for refusal, _ in told)
+
+
 def test_a_refused_document_costs_only_its_own_lease(
-    mongolock_url: str, manager: LockManager, seen: list[events.Event]
+    mongolock_url: str,
+    manager: LockManager,
+    seen: list[events.Event],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A document the server refuses to update stops the manager's bulk refresh there;
     the lane writes the leases again one by one, so the others are kept, shared ones too."""
+    told = _partial_ticks(monkeypatch, manager)
     bad = manager.acquire("ev-refused-one", ttl=1.5)
     # Keys on both sides of the refused one: update_many stops at the first refusal.
     kept = [manager.acquire(f"ev-{side}-{n}", ttl=1.5) for side in ("a", "z") for n in range(3)]
@@ -225,12 +267,44 @@ def test_a_refused_document_costs_only_its_own_lease(
     finally:
         for lock in kept:
             lock.release()
-    (loss,) = _losses(seen, bad)
-    assert loss.reason == "refresh-failed"
-    assert all(not _losses(seen, lock) for lock in kept)
+    _only_its_own_lost(seen, bad, kept, told)
     ticks = [e for e in seen if isinstance(e, events.RefresherTick) and e.source is manager]
     assert any(not tick.ok for tick in ticks)  # a partial refusal is a failed tick
-    assert not reasons.refused(manager)  # ... but not the manager's refusal
+
+
+def test_a_refused_shared_document_costs_only_its_own_lease(
+    mongolock_url: str,
+    manager: LockManager,
+    seen: list[events.Event],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared leases' write refused, the exclusive ones' stands (and is not sent
+    again): the refused shared lease lapses, the other leases are kept."""
+    told = _partial_ticks(monkeypatch, manager)
+    store = manager.store
+    written_again: list[bool] = []
+    each = store.refresh_each
+
+    def spy(held: Any, *, shared: bool = False) -> Any:
+        written_again.append(shared)
+        return each(held, shared=shared)
+
+    monkeypatch.setattr(store, "refresh_each", spy)
+    bad = manager.acquire("ev-shared-refused", ttl=1.5, shared=True, limit=2)
+    kept = [manager.acquire(f"ev-x-{n}", ttl=1.5) for n in range(3)]
+    kept.append(manager.acquire("ev-shared-kept", ttl=1.5, shared=True, limit=2))
+    try:
+        with refusing(mongolock_url, manager, "ev-shared-refused"):
+            assert bad.lost.wait(5)
+            _wait_for_loss(seen, bad)
+            assert not threading.Event().wait(1.6)  # past the kept leases' own ttl
+            assert [lock.valid for lock in kept] == [True] * len(kept)
+            assert written_again
+            assert all(written_again)  # the shared leases only
+    finally:
+        for lock in kept:
+            lock.release()
+    _only_its_own_lost(seen, bad, kept, told)
 
 
 def test_a_lease_that_lapses_while_the_server_is_unreachable(
