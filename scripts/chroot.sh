@@ -20,7 +20,8 @@
 # - mounts are undone by a trap on every exit, and nothing under DIR is deleted while anything
 #   is mounted there;
 # - pip in the root gets the host's CA bundle and pip settings, less what names host paths
-#   (find-links, file:// indexes), which mean nothing inside.
+#   (find-links, file:// indexes), which mean nothing inside; constraint and requirement files
+#   the settings name are copied in (pip refuses to start without them).
 set -euo pipefail
 
 # Packages of every root: Python with venv and headers, a compiler for sdists, git for the
@@ -84,7 +85,8 @@ default_mirror() {
 
 # The host's pip settings for the root: every key of `pip config list` (files and PIP_*
 # variables), less find-links and file:// indexes (host paths), with the CA bundle at the
-# path it is copied to in the root.
+# path it is copied to in the root. The files that constraint and requirement keys name are
+# copied into the root at the same paths (a key whose files are all missing is left out).
 write_pip_conf() {
     local root=$1 python
     python=$(command -v python3 || true)
@@ -95,7 +97,11 @@ write_pip_conf() {
         echo "disable-pip-version-check = true"
         if [ -n "$python" ] && "$python" -m pip --version >/dev/null 2>&1; then
             "$python" -m pip config list 2>/dev/null | "$python" -c '
+import os
+import shutil
 import sys
+
+root = sys.argv[1]
 seen = set()
 for line in sys.stdin:
     key, _, value = line.strip().partition("=")
@@ -107,9 +113,18 @@ for line in sys.stdin:
         value = " ".join(u for u in value.split() if not u.startswith("file:"))
         if not value:
             continue
+    if name in {"constraint", "requirement", "build-constraint"}:
+        paths = [path for path in value.split() if os.path.isfile(path)]
+        for path in paths:
+            target = root + os.path.abspath(path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(path, target)
+        if not paths:
+            continue
+        value = " ".join(os.path.abspath(path) for path in paths)
     seen.add(name)
     print(f"{name} = {value}")
-'
+' "$root"
         fi
     } >"$root/etc/pip.conf"
 }
