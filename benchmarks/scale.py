@@ -52,6 +52,10 @@ SPACING: Final = 0.01
 KEY_SAMPLES: Final = 200
 WAKE_GOAL: Final = 2.0
 OPS: Final = ("insert", "query", "update", "delete", "getmore", "command")
+# The server's write commands (``serverStatus().metrics.commands``): about the writes that
+# wake every open change stream (one that changes nothing wakes none, one that changes
+# many documents counts once; see docs/performance.md).
+WRITE_COMMANDS: Final = ("insert", "update", "delete", "findAndModify")
 
 
 def server_counters(client: MongoClient[dict[str, Any]]) -> dict[str, int]:
@@ -59,11 +63,23 @@ def server_counters(client: MongoClient[dict[str, Any]]) -> dict[str, int]:
     status = client.admin.command("serverStatus")
     counters = {name: int(status["opcounters"][name]) for name in OPS}
     counters["cursors"] = int(status["metrics"]["cursor"]["open"]["total"])
+    commands = status["metrics"]["commands"]
+    counters["writes"] = sum(int(commands.get(name, {}).get("total", 0)) for name in WRITE_COMMANDS)
     return counters
 
 
 def _ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {name: after[name] - before[name] for name in OPS}
+    """The operations between two counts, and (under ``writes``) the write commands."""
+    return {name: after[name] - before[name] for name in (*OPS, "writes")}
+
+
+def _per_release(ops: dict[str, int], releases: int) -> dict[str, float]:
+    """Every operation, and the write commands alone, per release."""
+    releases = max(1, releases)
+    return {
+        "ops_per_release": sum(ops[name] for name in OPS) / releases,
+        "writes_per_release": ops["writes"] / releases,
+    }
 
 
 @contextmanager
@@ -98,7 +114,7 @@ def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
     points: dict[str, Any] = {}
     for size in sizes:
         wakes: list[float] = []
-        ops = dict.fromkeys(OPS, 0)
+        ops = dict.fromkeys((*OPS, "writes"), 0)
         releases = 0
         cursors: list[int] = []
         for repeat in range(max(1, math.ceil(KEY_SAMPLES / size))):
@@ -113,7 +129,7 @@ def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
             "waiters": size,
             "wake": summary(wakes),
             "ops": ops,
-            "ops_per_release": sum(ops.values()) / releases,
+            **_per_release(ops, releases),
             "cursors": max(cursors),
         }
     holder.close()
@@ -203,7 +219,7 @@ def processes_point(
         "waiters": parties,
         "wake": summary(gaps),
         "ops": ops,
-        "ops_per_release": sum(ops.values()) / max(1, len(turns)),
+        **_per_release(ops, len(turns)),
         "cursors": max(samples, default=idle["cursors"]) - before,
         "rate": len(turns) / seconds,
         "to_other": sum(a[2] != b[2] for a, b in itertools.pairwise(turns)) / max(1, len(gaps)),
@@ -247,7 +263,8 @@ def _line(point: dict[str, Any]) -> str:
     wake = point["wake"]
     return (
         f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}, "
-        f"{point['ops_per_release']:.1f} ops per release, {point['cursors']} cursors"
+        f"{point['ops_per_release']:.1f} ops and {point['writes_per_release']:.1f} writes "
+        f"per release, {point['cursors']} cursors"
     )
 
 
@@ -292,8 +309,12 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "CLOCK_MONOTONIC, shared by the processes of one host). *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
         "commands, change-stream getMores of every process) over the releases, divided by "
-        "them. *Cursors*: the most cursors open on the server while they wait, over its count "
-        "before the waiters' processes and clients started (change streams among them).",
+        "them. *Writes per release*: the server's write commands alone "
+        "(`serverStatus().metrics.commands`: insert, update, delete, findAndModify), about "
+        "the writes that wake every open change stream (one that changes nothing wakes "
+        "none; one that changes many documents counts once). *Cursors*: the most cursors "
+        "open on the server while they wait, over its count before the waiters' processes "
+        "and clients started (change streams among them).",
         "",
         f"The machine has {data['cores']} cores, shared by the server and every waiting "
         "process: at the largest counts, scheduling that many processes on them is part "
@@ -312,15 +333,30 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
                     ms(point["wake"]["p50"], 2),
                     ms(point["wake"]["p99"], 2),
                     f"{point['ops_per_release']:.1f}",
+                    _optional(point.get("writes_per_release")),
                     ", ".join(f"{name} {ops[name]}" for name in OPS if ops[name]),
                     str(point["cursors"]),
                 ]
             )
-    header = ["shape", "waiters", "wake-up p50", "wake-up p99", "ops per release", "ops", "cursors"]
+    header = [
+        "shape",
+        "waiters",
+        "wake-up p50",
+        "wake-up p99",
+        "ops per release",
+        "writes per release",
+        "ops",
+        "cursors",
+    ]
     lines += _table(header, rows)
     if image:
         lines += [f"![Wake-up and server operations per release against waiters]({image})", ""]
     return lines
+
+
+def _optional(value: float | None) -> str:
+    """A figure, or "n/a" in results recorded before it was measured."""
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _waiters(point: dict[str, Any]) -> int:

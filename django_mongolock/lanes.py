@@ -357,9 +357,9 @@ class Lane:
             self._failing = False
         lost: list[Lease] = []
         lapsed: list[Lease] = []
-        left = set(map(id, refused))
+        left = set(map(id, refused)) if refused else None
         for lock in locks:
-            if left and id(lock) in left:
+            if left is not None and id(lock) in left:
                 continue  # not extended: its deadline comes, as a refresh failure
             if gone and lock.owner in gone:
                 if not lock.released:  # released while this tick ran: not lost
@@ -439,7 +439,7 @@ def _write(store: LockStore, locks: Sequence[Lease]) -> tuple[set[str], list[Lea
             gone |= store.refresh_shared_many(held) if is_shared else store.refresh_many(held)
             continue
         except MongoLockError as exc:
-            if not _refusal(exc) or len(locks) < 2:
+            if not _refusal(exc):
                 raise
             first = first or exc
         if len(held) == 1:  # its only document is the one refused: no need to ask again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -332,7 +333,9 @@ def test_recipes_given_the_default_manager_hold_locks_of_the_real_one(
         senders.append(sender)
 
     lock_acquired.connect(acquired)
-    election = Election(locks, "lazy-leader", ttl=10)
+    # Its term's lock_acquired is sent on the election's worker, just before on_elected.
+    announced = threading.Event()
+    election = Election(locks, "lazy-leader", ttl=10, on_elected=lambda e: announced.set())
     try:
         with LockGroup.acquire(locks, ["lazy-a", "lazy-b"], ttl=10) as group:
             assert all(lock.backend is real for lock in group.locks.values())
@@ -343,6 +346,7 @@ def test_recipes_given_the_default_manager_hold_locks_of_the_real_one(
         while not election.is_leader and time.monotonic() < deadline:
             time.sleep(0.05)
         assert election.is_leader
+        assert announced.wait(10)
         assert get_refresher().lane_of(real) is not None
         assert get_refresher().lane_of(locks) is None  # no second lane for the proxy
     finally:

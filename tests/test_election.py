@@ -69,13 +69,13 @@ def test_callbacks_run_off_the_refresher_and_survive_errors_and_exits(
 
     election = manager.elect("sturdy", ttl=0.6, on_elected=on_elected, on_demoted=on_demoted)
     try:
-        assert _wait_for(lambda: election.terms == 1)
+        assert _wait_for(lambda: election.terms >= 1)
         other.force_release("sturdy")
-        assert _wait_for(lambda: election.terms == 2)
+        assert _wait_for(lambda: election.terms >= 2)
         other.force_release("sturdy")
         assert done.wait(10)
-        # Still campaigning: it wins the next term.
-        assert _wait_for(lambda: election.terms == 3)
+        # Still campaigning after on_demoted's sys.exit(): a later term's on_elected runs.
+        assert _wait_for(lambda: len(events) >= 5)
     finally:
         election.stop()
     assert events[:4] == ["elected", "demoted", "elected", "demoted"]

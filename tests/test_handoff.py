@@ -127,7 +127,11 @@ def test_a_release_hands_the_lock_to_the_head_of_the_line_across_processes(
     results = context.Queue()
     holder = manager.acquire(key, ttl=30)
     with _collection(mongolock_url, manager.database) as locks:
-        first, first_owner = _join(context, mongolock_url, manager.database, key, locks, results)
+        # The first holds long enough that the document is read before it hands it on,
+        # and within the 2 s first lease it was handed.
+        first, first_owner = _join(
+            context, mongolock_url, manager.database, key, locks, results, hold=1.0
+        )
         second, second_owner = _join(context, mongolock_url, manager.database, key, locks, results)
         assert _line(locks, key) == [first_owner, second_owner]
         # Let both waiters' change streams open (they wait on them, not on a timer).
