@@ -500,8 +500,9 @@ def _me() -> str:
 
 
 def _alive(manager: LockManager, key: str) -> Any:
-    """Hold ``key`` with a short lease until the refresher has sent a heartbeat (bounded)."""
-    lock = manager.acquire(key, ttl=0.6)
+    """Hold ``key`` until the refresher has sent a heartbeat (bounded): a lease short
+    enough that the first tick comes soon, long enough that a late tick keeps it."""
+    lock = manager.acquire(key, ttl=2.0)
     deadline = clock.now() + 10
     while not getattr(locks.status(key), "holder_alive", False):
         assert clock.now() < deadline, "no heartbeat within 10s"
