@@ -66,12 +66,19 @@ def _local_mongod(client: MongoClient[dict[str, Any]]) -> int:
 
 
 def _watch(
-    url: str, streams: int, pipeline: Pipeline, poll: float, ready: Event, stop: Event
+    url: str,
+    streams: int,
+    pipeline: Pipeline,
+    poll: float,
+    ready: Event,
+    stop: Event,
+    database: str = DATABASE,
+    collection: str = "locks",
 ) -> None:
     """Keep ``streams`` change streams open until ``stop`` (in a process of its own, so
     that their replies take no interpreter time from the writer): each waiting on the
     server for its next event, or, with ``poll``, asking for it every ``poll`` seconds
-    without waiting there."""
+    without waiting there. They watch ``database.collection``."""
     client: MongoClient[dict[str, Any]] = MongoClient(url, maxPoolSize=streams + 10)
     opened = threading.Semaphore(0)
     failures: list[BaseException] = []
@@ -80,7 +87,8 @@ def _watch(
         stages = changes.wakeups(f"bench:{index}:") if pipeline is None else pipeline
         try:
             await_ms = 1 if poll else 500
-            with client[DATABASE].locks.watch(stages, max_await_time_ms=await_ms) as stream:
+            watched = client[database][collection]
+            with watched.watch(stages, max_await_time_ms=await_ms) as stream:
                 opened.release()
                 if poll:
                     stop.wait(random.uniform(0, poll))  # the streams' polls out of phase
