@@ -35,6 +35,7 @@ from django_mongolock.store import LockStore
 from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
 from tests.test_targeting import RecordedManager, Recorder, Sent
+from tests.waiting import stream_open
 
 # How long a waiter in line or a test waits for anything at most (never reached when green).
 BOUND = 60.0
@@ -525,13 +526,6 @@ def _status(manager: LockManager, key: str) -> LockInfo:
     return info
 
 
-def _stream_open(manager: LockManager) -> None:
-    """Open ``manager``'s change stream before its waiter's first attempt, so that the
-    waiter sleeps on it (until the holder's lease end) rather than polling."""
-    manager.watcher.ensure_running()
-    _until(lambda: manager.watcher.healthy_since() is not None)
-
-
 def _until(condition: Any) -> None:
     deadline = time.monotonic() + BOUND
     while not condition():
@@ -609,7 +603,7 @@ def test_a_release_with_a_waiter_in_line_hands_over_in_its_second_write(
     )
     try:
         lock = manager.acquire("handoff-line", refresh=False)
-        _stream_open(other)
+        stream_open(other)
         waiter = threading.Thread(
             target=lambda: got.append(other.acquire("handoff-line", ttl=10.0, timeout=BOUND))
         )
@@ -657,7 +651,7 @@ def test_a_handoff_the_server_logs_as_a_whole_document_reaches_the_waiter(
     try:
         with client[mongolock_database]["locks"].watch(FREED_EVENTS) as stream:
             holder = manager.acquire(key, ttl=30)
-            _stream_open(other)
+            stream_open(other)
             thread = threading.Thread(
                 target=lambda: box.append(other.acquire(key, ttl=10, timeout=BOUND))
             )
@@ -696,7 +690,7 @@ def test_a_handoff_learnt_after_its_first_lease_lapsed_waits_on(
         offer(self, handoff)
 
     monkeypatch.setattr(Wake, "offer", late_offer)
-    _stream_open(other)
+    stream_open(other)
     _waits_on_as_a_new_acquisition(manager, other, "handoff-told-late")
 
 
@@ -707,7 +701,7 @@ def test_a_handoff_learnt_late_but_still_live_is_extended_before_it_is_returned(
     ``must_extend``) is extended to the ttl asked for by one refresh before acquire returns."""
     monkeypatch.setattr(acquiring, "must_extend", lambda *args, **kwargs: True)
     key = "handoff-told-late-live"
-    _stream_open(other)
+    stream_open(other)
     with _handoffs_told(key) as told:
         holder, lock, handed = _handed_on(
             manager, key, lambda: other.acquire(key, ttl=30, timeout=BOUND, refresh=False)
@@ -747,7 +741,7 @@ def test_a_handoff_found_by_the_waiters_own_attempt_is_told_all_the_same(
             return asyncio.run(waiter.aacquire(key, ttl=30, timeout=BOUND))
         return waiter.acquire(key, ttl=30, timeout=BOUND)
 
-    _stream_open(waiter)
+    stream_open(waiter)
     with _handoffs_told(key) as told:
         _, lock, handed = _handed_on(manager, key, take)
     # The release wrote the waiter in as the holder.
@@ -764,7 +758,7 @@ def test_a_waiter_that_takes_a_lapsed_lock_itself_is_told_no_handoff(
     were not: it passes as well where none found by an attempt is told.)"""
     key = "handoff-none-after-a-lapse"
     holder = manager.acquire(key, ttl=3.0, refresh=False)
-    _stream_open(other)
+    stream_open(other)
     with _handoffs_told(key) as told:
         lock = other.acquire(key, ttl=30, timeout=BOUND)
     assert lock.token > holder.token
@@ -782,7 +776,7 @@ def test_a_lock_taken_with_others_in_line_releases_in_the_handing_write_alone(
     box: list[Any] = []
     try:
         holder = other.acquire("handoff-taken-in-line", ttl=30)
-        _stream_open(waiter)
+        stream_open(waiter)
         thread = threading.Thread(
             target=lambda: box.append(waiter.acquire("handoff-taken-in-line", timeout=BOUND))
         )

@@ -19,18 +19,7 @@ from django_mongolock import LockManager, LockNotAcquired, MongoLockError, queri
 from django_mongolock.exceptions import LimitConflict, LineFull
 from django_mongolock.queries import MAX_HOLDERS, MAX_WAITERS
 from tests.test_targeting import RecordedManager, Recorder
-
-
-def _waiting(manager: LockManager, key: str, count: int, timeout: float = 20.0) -> None:
-    """Wait (bounded) until ``count`` waiters are in ``key``'s line."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc = manager.store.collection.find_one({"_id": key}, projection={"waiters": 1})
-        if doc is not None and len(doc.get("waiters") or ()) >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{count} waiters did not join the line of {key!r} in {timeout:g}s")
-
+from tests.waiting import in_line
 
 # -- edge 1: readers in line enter together ------------------------------------------------------
 
@@ -51,7 +40,7 @@ def test_readers_waiting_behind_a_writer_enter_together(
     readers = [threading.Thread(target=read, args=(n,)) for n in range(3)]
     for reader in readers:
         reader.start()
-    _waiting(manager, "catalog", 3)
+    in_line(manager, "catalog", 3)
     assert writer.release()
     for reader in readers:
         reader.join(30)
@@ -82,7 +71,7 @@ def test_semaphore_waiters_behind_a_writer_enter_together_up_to_the_limit(
     takers = [threading.Thread(target=take, args=(n,)) for n in range(3)]
     for taker in takers:
         taker.start()
-    _waiting(manager, "exports", 3)
+    in_line(manager, "exports", 3)
     assert writer.release()
     deadline = time.monotonic() + 10
     while len(got) < 2 and time.monotonic() < deadline:
@@ -125,7 +114,7 @@ def test_a_reader_does_not_pass_a_writer_waiting_ahead(
         target=lambda: result.append(other.acquire("catalog", ttl=30, timeout=20))
     )
     waiting_writer.start()
-    _waiting(manager, "catalog", 1)
+    in_line(manager, "catalog", 1)
     with pytest.raises(LockNotAcquired):
         other.acquire("catalog", shared=True, blocking=False)
     assert reader.release()

@@ -24,8 +24,8 @@ from django_mongolock import (
     LockNotAcquired,
     Semaphore,
 )
-from tests.test_line import _waiting
 from tests.utils import run_command
+from tests.waiting import in_line
 from tests.workers import opposite_groups, readers_writers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def test_a_waiting_writer_gets_in_when_the_readers_leave(
 
     writer = threading.Thread(target=write)
     writer.start()
-    _waiting(manager, "doc", 1)
+    in_line(manager, "doc", 1)
     # A writer in line keeps new readers out, so it cannot starve.
     with pytest.raises(LockNotAcquired):
         manager.acquire("doc", shared=True, blocking=False)

@@ -11,6 +11,7 @@ import pytest
 
 from django_mongolock import Lock, LockManager
 from django_mongolock.watcher import Watcher
+from tests.waiting import stream_open
 
 
 def _counting(manager: LockManager) -> list[float]:
@@ -52,11 +53,7 @@ def test_a_waiter_wakes_on_release_without_polling(
     holder = manager.acquire("stream", ttl=30)
     # The stream opens first: attempts made while a slow server opens it back off, as
     # they must, and are not what this test counts.
-    other.watcher.ensure_running()
-    deadline = time.monotonic() + 10
-    while not other.watcher.healthy and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert other.watcher.healthy
+    stream_open(other)
     attempts = _counting(other)
     thread, result = _wait_in_thread(other, "stream", timeout=20)
     time.sleep(2.0)
@@ -82,11 +79,7 @@ def test_a_release_wakes_only_the_waiters_of_that_key(
 ) -> None:
     first = manager.acquire("key-a", ttl=30)
     second = manager.acquire("key-b", ttl=30)
-    other.watcher.ensure_running()
-    deadline = time.monotonic() + 10
-    while not other.watcher.healthy and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert other.watcher.healthy
+    stream_open(other)
     attempts = _counting(other)
     thread_a, result_a = _wait_in_thread(other, "key-a", timeout=20)
     # Its last attempt, at its timeout, comes well after the counted window.
