@@ -58,11 +58,20 @@ OPS: Final = ("insert", "query", "update", "delete", "getmore", "command")
 WRITE_COMMANDS: Final = ("insert", "update", "delete", "findAndModify")
 
 
+def open_cursors(client: MongoClient[dict[str, Any]]) -> int:
+    """The server's open cursors, now (change streams among them)."""
+    return _cursors(client.admin.command("serverStatus"))
+
+
+def _cursors(status: dict[str, Any]) -> int:
+    return int(status["metrics"]["cursor"]["open"]["total"])
+
+
 def server_counters(client: MongoClient[dict[str, Any]]) -> dict[str, int]:
-    """The server's operation counters and its open cursors, now."""
+    """The server's operation counters, its write commands and its open cursors, now."""
     status = client.admin.command("serverStatus")
     counters = {name: int(status["opcounters"][name]) for name in OPS}
-    counters["cursors"] = int(status["metrics"]["cursor"]["open"]["total"])
+    counters["cursors"] = _cursors(status)
     commands = status["metrics"]["commands"]
     counters["writes"] = sum(int(commands.get(name, {}).get("total", 0)) for name in WRITE_COMMANDS)
     return counters
@@ -90,7 +99,7 @@ def _peak_cursors(client: MongoClient[dict[str, Any]]) -> Iterator[list[int]]:
 
     def sample() -> None:
         while not stop.wait(0.05):
-            samples.append(server_counters(client)["cursors"])
+            samples.append(open_cursors(client))
 
     thread = threading.Thread(target=sample, name="bench-cursor-sampler", daemon=True)
     thread.start()
@@ -107,7 +116,7 @@ def _peak_cursors(client: MongoClient[dict[str, Any]]) -> Iterator[list[int]]:
 def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
     """In a fresh process: ``W`` waiting threads on ``W`` keys, released one by one."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
-    idle = server_counters(client)["cursors"]
+    idle = open_cursors(client)
     holder = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
     waiting = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
     holder.ensure_indexes()
@@ -159,7 +168,7 @@ def _wake_keys(
     for thread in threads:
         thread.start()
     _wait_queued(client, keys, 1)
-    opened = server_counters(client)["cursors"] - idle
+    opened = open_cursors(client) - idle
     before = server_counters(client)
     released: dict[str, float] = {}
     for key, lock in zip(keys, held, strict=True):
@@ -195,7 +204,7 @@ def processes_point(
 ) -> dict[str, Any]:
     """``parties`` fresh processes blocking on one key for ``seconds``; wake-ups and costs."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
-    before = server_counters(client)["cursors"]
+    before = open_cursors(client)
     pool = Pool(parties)
     try:
         # A short round first: every process connected, its watcher running.

@@ -26,8 +26,9 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
-from benchmarks import scale, stream_cost
+from benchmarks import scale
 from benchmarks.contenders import DATABASE, Spec
+from benchmarks.idle_streams import held_open, local_mongod, server_cpu
 from benchmarks.servers import mongo_server
 from django_mongolock import LockManager
 
@@ -41,8 +42,6 @@ HOLD: Final = 0.005
 SECONDS: Final = 3.0
 POINTS: Final = 2
 POLL: Final = 0.25
-# How long the extra streams or processes are given to start.
-START_TIMEOUT: Final = 90.0
 
 
 def _idle(stop: Event) -> None:
@@ -52,31 +51,6 @@ def _idle(stop: Event) -> None:
     while not stop.is_set():
         with suppress(TimeoutError):
             mine.recv(1)
-
-
-@contextmanager
-def _streams(url: str, count: int, poll: float, database: str = DATABASE) -> Iterator[None]:
-    """``count`` idle change streams held open by another process while the block runs,
-    on the contended lock collection (of ``database``, another one if given)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
-    holder = ctx.Process(
-        target=stream_cost._watch,
-        args=(url, count, None, poll, ready, stop),
-        kwargs={"database": database, "collection": COLLECTION},
-        daemon=True,
-    )
-    holder.start()
-    try:
-        if not ready.wait(START_TIMEOUT):
-            raise RuntimeError(f"{count} change streams did not open in {START_TIMEOUT:g} s")
-        time.sleep(1)  # every stream waiting in its first getMore
-        yield
-    finally:
-        stop.set()
-        holder.join(10)
-        if holder.is_alive():
-            holder.terminate()
 
 
 @contextmanager
@@ -99,9 +73,9 @@ def _processes(count: int) -> Iterator[None]:
 
 
 def _point(url: str, spec: Spec, pid: int) -> dict[str, float]:
-    started, cpu = time.perf_counter(), stream_cost._server_cpu(pid)
+    started, cpu = time.perf_counter(), server_cpu(pid)
     point = scale.processes_point(url, spec, CONTENDERS, SECONDS, HOLD)
-    cores = (stream_cost._server_cpu(pid) - cpu) / (time.perf_counter() - started)
+    cores = (server_cpu(pid) - cpu) / (time.perf_counter() - started)
     return {
         "p50": point["wake"]["p50"],
         "p99": point["wake"]["p99"],
@@ -130,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             manager.ensure_indexes()
         spec = Spec("django-mongolock", "ours", url, collection=COLLECTION)
         client: MongoClient[dict[str, Any]] = MongoClient(url)
-        pid = stream_cost._local_mongod(client)
+        pid = local_mongod(client)
         client.close()
         print(
             f"MongoDB {server.version} ({server.topology}); {CONTENDERS} processes on one "
@@ -143,11 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_row(name, [_point(url, spec, pid) for _ in range(POINTS)]), flush=True)
 
         measure("nothing")
-        with _streams(url, extra, 0.0):
+        with held_open(url, extra, database=DATABASE, collection=COLLECTION):
             measure(f"{extra} change streams, waiting on the server")
-        with _streams(url, extra, 0.0, database=OTHER_DATABASE):
+        with held_open(url, extra, database=OTHER_DATABASE, collection=COLLECTION):
             measure(f"{extra} change streams on another database, waiting on the server")
-        with _streams(url, extra, POLL):
+        with held_open(url, extra, database=DATABASE, collection=COLLECTION, poll=POLL):
             measure(f"{extra} change streams, polled every {POLL * 1000:g} ms")
         with _processes(extra):
             measure(f"{extra} idle processes, no streams")

@@ -42,8 +42,9 @@ BACKOFF_CAP = 0.5
 # How long a waiter behind others in line sleeps on the stream between attempts: well
 # within the grace period that keeps its place.
 BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
-# How often a waiter with others ahead looks again while the key is held: a handoff it
-# does not hear of cuts its place to this plus the grace period.
+# How often an exclusive waiter with others ahead looks again while the key is held: its
+# place lasts this plus the grace period, and a handoff it does not hear of cuts it to no
+# less.
 LINE_CHECK = LINE_CHECK_MS / 1000
 
 
@@ -118,7 +119,9 @@ class WaitPlan:
         if self._at_once:
             wanted = 0.0
         else:
-            wanted, self._attempt = next_delay(self.info, stream_since, self.sent_at, self._attempt)
+            wanted, self._attempt = next_delay(
+                self.info, stream_since, self.sent_at, self._attempt, shared=self.request.shared
+            )
         if self._deadline is None:
             return now + wanted
         left = self._deadline - now
@@ -227,9 +230,15 @@ class WaitPlan:
 
 
 def next_delay(
-    info: LockInfo, stream_since: float | None, sent_at: float, attempt: int
+    info: LockInfo,
+    stream_since: float | None,
+    sent_at: float,
+    attempt: int,
+    *,
+    shared: bool = False,
 ) -> tuple[float, int]:
-    """How long to sleep before the next attempt, and the next back-off step."""
+    """How long to sleep before the next attempt, and the next back-off step (for a
+    ``shared`` request, readers behind a lease that runs out enter together)."""
     lease_end = max(info.next_free_in, 0.0) + 0.001
     streamed = stream_since is not None and stream_since <= sent_at
     # A lease that has ended (its holder crashed) ends no later: no release will come,
@@ -238,9 +247,11 @@ def next_delay(
     if running and streamed:
         # The stream was open before the last attempt: a release that frees the key, or
         # hands it to us or to the waiter just ahead, wakes us. A handoff to a waiter
-        # further ahead does not, and cuts our place: look again by then.
+        # further ahead does not: an exclusive waiter looks again by the line check,
+        # which its place lasts past by the grace period whatever the lease (see
+        # ``queries.acquire``); a shared one at the lease end too, whose end wakes nobody.
         if info.position > 0:
-            return min(lease_end, LINE_CHECK), attempt
+            return (min(lease_end, LINE_CHECK) if shared else LINE_CHECK), attempt
         return lease_end, attempt
     if streamed and info.position > 0:
         # Free, with others ahead in line: their releases wake us; the timer only keeps

@@ -60,17 +60,22 @@ def test_a_streamed_waiter_sleeps_until_the_lease_ends_but_never_past_its_timeou
 
 
 def test_a_waiter_behind_the_head_looks_again_by_the_line_check() -> None:
-    """A handoff to a waiter further ahead wakes nobody behind it and cuts their places to
-    ``LINE_CHECK`` beyond the grace period: they look again by then, or at the lease end
-    if that comes first. The head sleeps until the lease end: the handoff wakes it."""
-    behind = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=1))
-    wake_at = behind.wake_at(stream_since=99.0, now=100.0)
-    assert wake_at is not None
-    assert abs(wake_at - (100.0 + LINE_CHECK)) < 1e-9
-    soon = WaitPlan(_request(), None, 100.0, _info(remaining=1.0, position=3))
-    wake_at = soon.wake_at(stream_since=99.0, now=100.0)
-    assert wake_at is not None
-    assert 100.9 <= wake_at <= 101.1
+    """A handoff to a waiter further ahead wakes nobody behind it, whose places last
+    ``LINE_CHECK`` beyond the grace period: they look again by then, whatever the lease
+    (a line that turns over within it renews no place). The head sleeps until the lease
+    end: the handoff wakes it."""
+    for remaining in (20.0, 1.0):
+        behind = WaitPlan(_request(), None, 100.0, _info(remaining=remaining, position=1))
+        wake_at = behind.wake_at(stream_since=99.0, now=100.0)
+        assert wake_at is not None
+        assert abs(wake_at - (100.0 + LINE_CHECK)) < 1e-9
+    # The head, and a shared waiter anywhere in line (readers behind a lease that runs
+    # out enter together), look again at the lease end when it comes first.
+    for request, position in ((_request(), 0), (_request(shared=True), 3)):
+        soon = WaitPlan(request, None, 100.0, _info(remaining=1.0, position=position))
+        wake_at = soon.wake_at(stream_since=99.0, now=100.0)
+        assert wake_at is not None
+        assert 100.9 <= wake_at <= 101.1
     head = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=0))
     wake_at = head.wake_at(stream_since=99.0, now=100.0)
     assert wake_at is not None

@@ -301,7 +301,9 @@ def test_a_waiter_too_slow_for_its_handed_lease_waits_on(
     as a new one, which takes the free key with a new token."""
     monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     monkeypatch.setattr(
-        acquirer, "next_delay", lambda info, since, sent_at, attempt: (FIRST_LEASE + 1.0, attempt)
+        acquirer,
+        "next_delay",
+        lambda info, since, sent_at, attempt, **_: (FIRST_LEASE + 1.0, attempt),
     )
     _waits_on_as_a_new_acquisition(manager, other, "handoff-slow")
 

@@ -264,6 +264,8 @@ def test_a_semaphore_larger_than_the_holders_cap_is_a_value_error_before_any_io(
 
 
 def test_the_shared_refresh_reads_no_more_than_its_own_documents(manager: LockManager) -> None:
+    """One write extends every shared lease through the ``_id`` index; a read follows only
+    when a lease was not extended, and reads only the leases' own documents."""
     collection = manager.store.collection
     later = datetime.now(UTC) + timedelta(minutes=10)
     collection.insert_many(
@@ -280,23 +282,44 @@ def test_the_shared_refresh_reads_no_more_than_its_own_documents(manager: LockMa
     locks = [manager.acquire(f"mine-{n}", shared=True, ttl=30, refresh=False) for n in range(3)]
     held = [(lock.key, lock.owner, lock.token) for lock in locks]
     database = collection.database
-    database.command("profile", 0)
-    database.drop_collection("system.profile")
-    database.create_collection("system.profile", capped=True, size=4 * 2**20)
-    database.command("profile", 2)
-    try:
-        assert manager.store.refresh_shared_many(held) == set()
-    finally:
+
+    def profiled(expected: set[str]) -> list[str]:
         database.command("profile", 0)
-    ops = list(database["system.profile"].find({"ns": collection.full_name}))
-    assert {op["op"] for op in ops} >= {"update", "query"}, ops
-    for op in ops:
-        assert "COLLSCAN" not in op.get("planSummary", ""), op
-        assert op.get("docsExamined", 0) <= len(held), op
+        database.drop_collection("system.profile")
+        database.create_collection("system.profile", capped=True, size=4 * 2**20)
+        database.command("profile", 2)
+        try:
+            assert manager.store.refresh_shared_many(held) == expected
+        finally:
+            database.command("profile", 0)
+        ops = list(database["system.profile"].find({"ns": collection.full_name}))
+        for op in ops:
+            assert "COLLSCAN" not in op.get("planSummary", ""), op
+            assert op.get("docsExamined", 0) <= len(held), op
+        return [op["op"] for op in ops]
+
+    assert profiled(set()) == ["update"]  # all extended: nothing to read
+    # The second lease lapses (as if its holder stalled): the write leaves its document
+    # as it is, and the read that follows finds it lost.
+    lapsed = datetime.now(UTC) - timedelta(seconds=1)
+    collection.update_one({"_id": locks[1].key}, {"$set": {"holders.0.expires_at": lapsed}})
+    before = collection.find_one({"_id": locks[1].key})
+    assert profiled({locks[1].owner}) == ["update", "query"]
+    assert collection.find_one({"_id": locks[1].key}) == before
+    # Two leases on one key, one of them lapsed: the other's extension modifies the
+    # document, and the read tells which one was lost.
+    pair = [manager.acquire("pair", shared=True, ttl=30, refresh=False) for _ in range(2)]
+    collection.update_one(
+        {"_id": "pair", "holders.owner": pair[0].owner},
+        {"$set": {"holders.$.expires_at": lapsed}},
+    )
+    pairs = [(lock.key, lock.owner, lock.token) for lock in pair]
+    assert manager.store.refresh_shared_many(pairs) == {pair[0].owner}
+    assert pair[1].release()
     # explain() of the query the refresh sends: the _id index, never a collection scan.
     query, _ = queries.refresh_shared_many(held)
     plan = collection.find(query).hint([("_id", 1)]).explain()
     assert "COLLSCAN" not in str(plan["queryPlanner"]["winningPlan"])
     assert plan["executionStats"]["totalDocsExamined"] == len(held)
-    for lock in locks:
+    for lock in (locks[0], locks[2]):
         assert lock.release()

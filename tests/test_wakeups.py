@@ -121,6 +121,80 @@ def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
     assert (doc["owner"], doc["head"], doc["waiters"]) == (None, None, [])
 
 
+def test_places_behind_the_head_last_the_line_check_while_the_key_is_held(
+    manager: LockManager,
+) -> None:
+    """Behind a lease shorter than the line check, the head's place lasts the grace
+    period past the lease end (it wakes then), also when it renews it, and every place
+    behind it lasts the line check and the grace period from its own attempt (those
+    waiters look again every line check, not at each lease end). A handoff cuts no place
+    behind the new head to less. Once the lease has ended, a place behind others lasts
+    the grace period only (its waiter looks again within it)."""
+    key = "wakeups-short-lease"
+    store = manager.store
+    holder = manager.acquire(key, ttl=3, refresh=False)
+    places = [f"{name}:1:{n:012x}" for n, name in enumerate(NAMES)]
+    for owner in places:
+        assert store.acquire(key, owner, 30.0, queue=True).owner == holder.owner
+    assert store.acquire(key, places[0], 30.0, queue=True).position == 0  # the head renews
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    lease_end, line = doc["expires_at"], doc["waiters"]
+    grace, check = (timedelta(milliseconds=ms) for ms in (PLACE_GRACE_MS, LINE_CHECK_MS))
+    assert lease_end + grace < line[0]["at"] + check + grace
+    assert [place["until"] for place in line] == [
+        lease_end + grace,
+        line[1]["at"] + check + grace,
+        line[2]["at"] + check + grace,
+    ]
+
+    assert holder.release()
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    handed_at, handed_end = doc["acquired_at"], doc["expires_at"]
+    assert doc["owner"] == places[0]
+    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+        (places[1], handed_at + grace),
+        (places[2], line[2]["at"] + check + grace),
+    ]
+
+    # The new head renews its place; the handed first lease runs out unused: the key is
+    # free, with the head still ahead of the third, whose place now lasts the grace only.
+    assert store.acquire(key, places[1], 30.0, queue=True).position == 0
+    answers = []
+
+    def renewed_on_a_free_key() -> bool:
+        answers.append(store.acquire(key, places[2], 30.0, queue=True))
+        return not answers[-1].live
+
+    _until(renewed_on_a_free_key)
+    assert (answers[-1].owner, answers[-1].position) == (places[0], 1)
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    assert doc["expires_at"] == handed_end
+    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+        (places[1], handed_end + grace),
+        (places[2], doc["waiters"][1]["at"] + grace),
+    ]
+
+
+def test_shared_places_behind_others_last_the_grace_period_past_the_lease_end(
+    manager: LockManager,
+) -> None:
+    """Shared waiters look again at the lease end (readers behind a lease that runs out
+    enter together): their places, behind others too, last the grace period past it."""
+    key = "wakeups-shared-places"
+    store = manager.store
+    holder = manager.acquire(key, ttl=3, refresh=False)
+    for owner in (f"{name}:1:{n:012x}" for n, name in enumerate(NAMES)):
+        assert store.acquire(key, owner, 30.0, queue=True, shared=True).owner == holder.owner
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    grace = timedelta(milliseconds=PLACE_GRACE_MS)
+    assert [place["until"] for place in doc["waiters"]] == [doc["expires_at"] + grace] * 3
+    assert holder.release()
+
+
 def test_a_handoff_reaches_only_the_new_holder_and_the_new_head(
     mongolock_url: str, manager: LockManager, named: list[LockManager]
 ) -> None:

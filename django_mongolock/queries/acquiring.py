@@ -20,6 +20,7 @@ from django_mongolock.exceptions import LimitConflict, LineFull, LockNotAcquired
 from django_mongolock.info import LockInfo
 from django_mongolock.queries.common import (
     ENDED,
+    LINE_CHECK_MS,
     LIVE_HOLDERS,
     LIVE_WAITERS,
     MAX_HOLDERS,
@@ -74,14 +75,31 @@ _LEASE_END: Final = {"$add": ["$$NOW", "$$ttl_ms"]}
 def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
     """The document with the caller in its line of waiters (added, or its place renewed).
 
-    A waiter's place lapses unless it tries again by shortly after the lease end it was
-    told to wait for (it wakes at that lease end at the latest). A full line
+    A place lasts until the grace period after the lease end its waiter was told to
+    wait for (the head, and a shared waiter, wake at that lease end at the latest), or
+    after now if the key is free. An exclusive waiter behind others while the key is
+    held hears of no handoff but to the waiter just ahead, and looks again every
+    ``LINE_CHECK_MS`` whatever the lease (``acquirer.next_delay``): its place lasts that
+    and the grace period from now, if that is later. A line that turns over within the
+    line check then costs no renewals at all. Shared waiters look again at the lease
+    end, so that readers behind a lease that runs out enter together. A full line
     (``MAX_WAITERS`` live places) takes nobody new: the document is left as it is.
     ``at`` is the server time of this attempt; with ``handoff`` the place also carries
     the lease asked for, so that a release may hand the lock over to it
     (``queries.release``).
     """
-    until = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
+    after_lease = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
+    until: Any = after_lease
+    if not shared:
+        behind_while_held = {
+            "$and": [
+                {"$gt": ["$expires_at", "$$NOW"]},
+                {"$gt": [{"$size": "$$q"}, 0]},
+                {"$ne": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
+            ]
+        }
+        checked = {"$add": ["$$NOW", LINE_CHECK_MS + PLACE_GRACE_MS]}
+        until = {"$cond": [behind_while_held, {"$max": [after_lease, checked]}, after_lease]}
     place: dict[str, Any] = {"owner": _ME, "until": until, "at": "$$NOW"}
     if shared:
         place["shared"] = True  # readers in line enter together (see _shared_turn)

@@ -47,7 +47,9 @@ def shortened(places: Any, grace_ms: int = PLACE_GRACE_MS) -> dict[str, Any]:
 def _handed_line(places: Any) -> dict[str, Any]:
     """The line after a handoff to the first of ``places``: the new head's place cut to
     the grace period (the handoff wakes it, and it renews it), every place behind to
-    ``LINE_CHECK_MS`` beyond that (their waiters look again at least that often)."""
+    ``LINE_CHECK_MS`` beyond that (their waiters look again at least that often). The
+    cut matters for the places that last past it: those of waiters behind a lease that
+    ended more than the line check after their last attempt, and shared ones."""
     return {
         "$concatArrays": [
             shortened({"$slice": [places, 1, 1]}),

@@ -146,10 +146,19 @@ def refresh_shared_many(
     """``update_many`` arguments that extend every live shared lease in ``held``.
 
     The filter names the keys, so the documents are found through the ``_id`` index
-    whatever the size of the collection (send it with that hint).
+    whatever the size of the collection (send it with that hint). A document is
+    modified only when one of the listed leases in it was live and is extended
+    (``refreshed_at``, and the document's ``expires_at``, move only then), so that with
+    one lease per key the modified count tells whether every lease was extended.
     """
     owners = sorted({owner for _, owner, _ in held})
     listed = {"$literal": owners}
+    ours_live = {
+        "$and": [
+            {"$in": ["$$h.owner", listed]},
+            {"$gt": ["$$h.expires_at", "$$NOW"]},
+        ]
+    }
     return (
         {"_id": {"$in": sorted({key for key, _, _ in held})}, "holders.owner": {"$in": owners}},
         [
@@ -161,12 +170,7 @@ def refresh_shared_many(
                             "as": "h",
                             "in": {
                                 "$cond": [
-                                    {
-                                        "$and": [
-                                            {"$in": ["$$h.owner", listed]},
-                                            {"$gt": ["$$h.expires_at", "$$NOW"]},
-                                        ]
-                                    },
+                                    ours_live,
                                     {
                                         "$mergeObjects": [
                                             "$$h",
@@ -185,10 +189,32 @@ def refresh_shared_many(
                             },
                         }
                     },
-                    "refreshed_at": "$$NOW",
+                    "refreshed_at": {
+                        "$cond": [
+                            {
+                                "$anyElementTrue": [
+                                    {"$map": {"input": "$holders", "as": "h", "in": ours_live}}
+                                ]
+                            },
+                            "$$NOW",
+                            "$refreshed_at",
+                        ]
+                    },
                 }
             },
-            {"$set": {"expires_at": {"$max": "$holders.expires_at"}}},
+            # Only where a lease was extended (refreshed_at is now): elsewhere the
+            # document is left as it was.
+            {
+                "$set": {
+                    "expires_at": {
+                        "$cond": [
+                            {"$eq": ["$refreshed_at", "$$NOW"]},
+                            {"$max": "$holders.expires_at"},
+                            "$expires_at",
+                        ]
+                    }
+                }
+            },
         ],
     )
 

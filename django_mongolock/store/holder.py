@@ -177,16 +177,22 @@ class HolderQueries(StoreBase):
         return {owner for _, owner, _ in held} - alive
 
     def refresh_shared_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
-        """Extend every live shared lease in ``held`` (key, owner, token): one write, one read.
+        """Extend every live shared lease in ``held`` (key, owner, token) in one write.
 
-        Returns the owners whose lease could not be extended.
+        Returns the owners whose lease could not be extended. A document is modified
+        only when a lease in it was extended, so when every document is (one lease per
+        key, each extended; owner ids are unique per acquisition), nothing was lost;
+        otherwise a read tells which leases were.
         """
         if not held:
             return set()
         owners = {owner for _, owner, _ in held}
         query, pipeline = queries.refresh_shared_many(held)
         with self._translate:
-            self.collection.update_many(query, pipeline, hint=_BY_ID)
+            result = self.collection.update_many(query, pipeline, hint=_BY_ID)
+            # A lease refreshed twice in one millisecond is not modified: the read finds it.
+            if result.modified_count == len(held):
+                return set()
             docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
             alive = queries.live_shared_owners(docs, owners)
         return owners - alive
