@@ -306,20 +306,28 @@ def test_the_shared_refresh_reads_no_more_than_its_own_documents(manager: LockMa
     before = collection.find_one({"_id": locks[1].key})
     assert profiled({locks[1].owner}) == ["update", "query"]
     assert collection.find_one({"_id": locks[1].key}) == before
-    # Two leases on one key, one of them lapsed: the other's extension modifies the
-    # document, and the read tells which one was lost.
+    # Two leases on one key beside the others, one of the two lapsed: the other's
+    # extension modifies the document, and a read of that document alone tells which
+    # one was lost.
+    collection.update_one(
+        {"_id": locks[1].key}, {"$set": {"holders.0.expires_at": later, "expires_at": later}}
+    )
     pair = [manager.acquire("pair", shared=True, ttl=30, refresh=False) for _ in range(2)]
     collection.update_one(
         {"_id": "pair", "holders.owner": pair[0].owner},
         {"$set": {"holders.$.expires_at": lapsed}},
     )
-    pairs = [(lock.key, lock.owner, lock.token) for lock in pair]
-    assert manager.store.refresh_shared_many(pairs) == {pair[0].owner}
+    held += [(lock.key, lock.owner, lock.token) for lock in pair]
+    assert profiled({pair[0].owner}) == ["update", "query"]
+    read = database["system.profile"].find_one({"op": "query", "ns": collection.full_name})
+    assert read is not None
+    assert read["docsExamined"] == 1, read
+    del held[-2:]
     assert pair[1].release()
     # explain() of the query the refresh sends: the _id index, never a collection scan.
     query, _ = queries.refresh_shared_many(held)
     plan = collection.find(query).hint([("_id", 1)]).explain()
     assert "COLLSCAN" not in str(plan["queryPlanner"]["winningPlan"])
     assert plan["executionStats"]["totalDocsExamined"] == len(held)
-    for lock in (locks[0], locks[2]):
+    for lock in locks:
         assert lock.release()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -180,19 +181,24 @@ class HolderQueries(StoreBase):
         """Extend every live shared lease in ``held`` (key, owner, token) in one write.
 
         Returns the owners whose lease could not be extended. A document is modified
-        only when a lease in it was extended, so when every document is (one lease per
-        key, each extended; owner ids are unique per acquisition), nothing was lost;
-        otherwise a read tells which leases were.
+        only when a lease in it was extended (owner ids are unique per acquisition), so
+        when every document is, the leases alone on their key were all extended, and
+        only the keys with several (permits of one semaphore) are read to tell which of
+        theirs were; otherwise every document is read.
         """
         if not held:
             return set()
-        owners = {owner for _, owner, _ in held}
         query, pipeline = queries.refresh_shared_many(held)
+        per_key = Counter(key for key, _, _ in held)
         with self._translate:
             result = self.collection.update_many(query, pipeline, hint=_BY_ID)
             # A lease refreshed twice in one millisecond is not modified: the read finds it.
-            if result.modified_count == len(held):
-                return set()
+            if result.modified_count == len(per_key):
+                held = [lease for lease in held if per_key[lease[0]] > 1]
+                if not held:
+                    return set()
+                query, _ = queries.refresh_shared_many(held)
+            owners = {owner for _, owner, _ in held}
             docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
             alive = queries.live_shared_owners(docs, owners)
         return owners - alive
