@@ -58,7 +58,7 @@ OPS: Final = ("insert", "query", "update", "delete", "getmore", "command")
 WRITE_COMMANDS: Final = ("insert", "update", "delete", "findAndModify")
 
 
-def open_cursors(client: MongoClient[dict[str, Any]]) -> int:
+def _open_cursors(client: MongoClient[dict[str, Any]]) -> int:
     """The server's open cursors, now (change streams among them)."""
     return _cursors(client.admin.command("serverStatus"))
 
@@ -99,7 +99,7 @@ def _peak_cursors(client: MongoClient[dict[str, Any]]) -> Iterator[list[int]]:
 
     def sample() -> None:
         while not stop.wait(0.05):
-            samples.append(open_cursors(client))
+            samples.append(_open_cursors(client))
 
     thread = threading.Thread(target=sample, name="bench-cursor-sampler", daemon=True)
     thread.start()
@@ -116,7 +116,7 @@ def _peak_cursors(client: MongoClient[dict[str, Any]]) -> Iterator[list[int]]:
 def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
     """In a fresh process: ``W`` waiting threads on ``W`` keys, released one by one."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
-    idle = open_cursors(client)
+    idle = _open_cursors(client)
     holder = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
     waiting = LockManager(url, database=DATABASE, collection="scale_keys", ttl=TTL)
     holder.ensure_indexes()
@@ -168,7 +168,7 @@ def _wake_keys(
     for thread in threads:
         thread.start()
     _wait_queued(client, keys, 1)
-    opened = open_cursors(client) - idle
+    opened = _open_cursors(client) - idle
     before = server_counters(client)
     released: dict[str, float] = {}
     for key, lock in zip(keys, held, strict=True):
@@ -204,7 +204,7 @@ def processes_point(
 ) -> dict[str, Any]:
     """``parties`` fresh processes blocking on one key for ``seconds``; wake-ups and costs."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
-    before = open_cursors(client)
+    before = _open_cursors(client)
     pool = Pool(parties)
     try:
         # A short round first: every process connected, its watcher running.
@@ -328,7 +328,8 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         f"The machine has {data['cores']} cores, shared by the server and every waiting "
         "process: at the largest counts, scheduling that many processes on them is part "
         "of each figure. A handoff wakes only the new holder's process and the new head's "
-        "(the others renew their places every 5 s, which the ops per release include).",
+        "(the others renew their places every 5 s while they wait, which the ops per "
+        "release would include; a line that turns over within that renews none).",
         "",
     ]
     rows = []

@@ -39,8 +39,9 @@ __all__ = [
 # [half, full] of that, and never past the holder's lease end or the caller's timeout.
 BACKOFF_BASE = 0.01
 BACKOFF_CAP = 0.5
-# How long a waiter behind others in line sleeps on the stream between attempts: well
-# within the grace period that keeps its place.
+# How long a waiter behind others in line sleeps on the stream between attempts while
+# the key is free, or after a release that was not its turn: well within the grace
+# period that keeps its place.
 BEHIND_IN_LINE = 0.75 * PLACE_GRACE_MS / 1000
 # How often an exclusive waiter with others ahead looks again while the key is held: its
 # place lasts this plus the grace period, and a handoff it does not hear of cuts it to no
@@ -235,7 +236,7 @@ def next_delay(
     sent_at: float,
     attempt: int,
     *,
-    shared: bool = False,
+    shared: bool,
 ) -> tuple[float, int]:
     """How long to sleep before the next attempt, and the next back-off step (for a
     ``shared`` request, readers behind a lease that runs out enter together)."""

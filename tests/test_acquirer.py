@@ -76,6 +76,11 @@ def test_a_waiter_behind_the_head_looks_again_by_the_line_check() -> None:
         wake_at = soon.wake_at(stream_since=99.0, now=100.0)
         assert wake_at is not None
         assert 100.9 <= wake_at <= 101.1
+    # A shared waiter behind others, behind a long lease: by the line check.
+    later = WaitPlan(_request(shared=True), None, 100.0, _info(remaining=20.0, position=3))
+    wake_at = later.wake_at(stream_since=99.0, now=100.0)
+    assert wake_at is not None
+    assert abs(wake_at - (100.0 + LINE_CHECK)) < 1e-9
     head = WaitPlan(_request(), None, 100.0, _info(remaining=20.0, position=0))
     wake_at = head.wake_at(stream_since=99.0, now=100.0)
     assert wake_at is not None

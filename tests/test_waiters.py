@@ -65,11 +65,11 @@ def test_a_waiter_behind_another_does_not_spin_on_an_ended_lease(streamed: bool)
     attempt = 0
     delays = []
     for _ in range(12):
-        delay, attempt = _next_delay(info, since, 1.0, attempt)
+        delay, attempt = _next_delay(info, since, 1.0, attempt, shared=False)
         delays.append(delay)
     assert min(delays[-4:]) >= 0.25, delays  # a few attempts a second at most
 
 
 def test_a_waiter_sleeps_until_a_running_lease_ends() -> None:
-    delay, _ = _next_delay(_info(remaining=7.0, position=0), 0.0, 1.0, 0)
+    delay, _ = _next_delay(_info(remaining=7.0, position=0), 0.0, 1.0, 0, shared=False)
     assert 6.5 <= delay <= 7.1

@@ -64,6 +64,7 @@ from django_mongolock.queries.leases import (
     release_shared,
     release_writes,
     released_live,
+    shared_leases_filter,
     still_freed,
 )
 from django_mongolock.queries.records import (
@@ -134,6 +135,7 @@ __all__ = [
     "release_shared",
     "release_writes",
     "released_live",
+    "shared_leases_filter",
     "still_freed",
     "wakeups",
 ]

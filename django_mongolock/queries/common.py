@@ -61,8 +61,8 @@ HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists"
 # How long after the lease end it waits for a waiter keeps its place in line (ms); a place
 # also lasts at least this long after any attempt of its waiter.
 PLACE_GRACE_MS: Final = 2000
-# How long a place behind the head of the line lasts past a handoff, beyond the grace
-# period, unless renewed (ms). Those waiters hear of no handoff: they look again at least
+# At most how long a place behind the head of the line lasts past a handoff, beyond the
+# grace period, unless renewed (ms). Those waiters hear of no handoff: they look again at least
 # this often while others are ahead of them, and an exclusive one's place lasts this and
 # the grace period from each of its attempts while the key is held. A run of dead waiters
 # in line lapses within this and the grace period of the handoff that found them.

@@ -48,8 +48,8 @@ def _handed_line(places: Any) -> dict[str, Any]:
     """The line after a handoff to the first of ``places``: the new head's place cut to
     the grace period (the handoff wakes it, and it renews it), every place behind to
     ``LINE_CHECK_MS`` beyond that (their waiters look again at least that often). The
-    cut matters for the places that last past it: those of waiters behind a lease that
-    ended more than the line check after their last attempt, and shared ones."""
+    cut matters for the places that last past it: those whose waiters last saw a lease
+    ending more than the line check after this handoff."""
     return {
         "$concatArrays": [
             shortened({"$slice": [places, 1, 1]}),

@@ -151,8 +151,7 @@ def refresh_shared_many(
     (``refreshed_at``, and the document's ``expires_at``, move only then), so that with
     one lease per key the modified count tells whether every lease was extended.
     """
-    owners = sorted({owner for _, owner, _ in held})
-    listed = {"$literal": owners}
+    listed = {"$literal": sorted({owner for _, owner, _ in held})}
     ours_live = {
         "$and": [
             {"$in": ["$$h.owner", listed]},
@@ -160,7 +159,7 @@ def refresh_shared_many(
         ]
     }
     return (
-        {"_id": {"$in": sorted({key for key, _, _ in held})}, "holders.owner": {"$in": owners}},
+        shared_leases_filter(held),
         [
             {
                 "$set": {
@@ -217,6 +216,12 @@ def refresh_shared_many(
             },
         ],
     )
+
+
+def shared_leases_filter(held: Sequence[tuple[str, str, int]]) -> dict[str, Any]:
+    """The documents of the shared leases in ``held``, by key (the ``_id`` index)."""
+    owners = sorted({owner for _, owner, _ in held})
+    return {"_id": {"$in": sorted({key for key, _, _ in held})}, "holders.owner": {"$in": owners}}
 
 
 # What a bulk shared refresh reads back: the holders, and the server's time to judge them.

@@ -183,25 +183,27 @@ class HolderQueries(StoreBase):
         Returns the owners whose lease could not be extended. A document is modified
         only when a lease in it was extended (owner ids are unique per acquisition), so
         when every document is, the leases alone on their key were all extended, and
-        only the keys with several (permits of one semaphore) are read to tell which of
-        theirs were; otherwise every document is read.
+        only the keys with several (permits of one semaphore, readers of one key) are
+        read to tell which of theirs were; otherwise every document is read.
         """
         if not held:
             return set()
-        query, pipeline = queries.refresh_shared_many(held)
         per_key = Counter(key for key, _, _ in held)
         with self._translate:
-            result = self.collection.update_many(query, pipeline, hint=_BY_ID)
+            result = self.collection.update_many(*queries.refresh_shared_many(held), hint=_BY_ID)
             # A lease refreshed twice in one millisecond is not modified: the read finds it.
-            if result.modified_count == len(per_key):
-                held = [lease for lease in held if per_key[lease[0]] > 1]
-                if not held:
-                    return set()
-                query, _ = queries.refresh_shared_many(held)
-            owners = {owner for _, owner, _ in held}
-            docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
-            alive = queries.live_shared_owners(docs, owners)
-        return owners - alive
+            if result.modified_count != len(per_key):
+                return self._lost_shared(held)
+            several = [(key, owner, token) for key, owner, token in held if per_key[key] > 1]
+            return self._lost_shared(several) if several else set()
+
+    def _lost_shared(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """The owners in ``held`` without a live shared lease, read after a refresh."""
+        owners = {owner for _, owner, _ in held}
+        docs = self.collection.find(
+            queries.shared_leases_filter(held), projection=queries.SHARED_LEASES, hint=_BY_ID
+        )
+        return owners - queries.live_shared_owners(docs, owners)
 
     def refresh_each(
         self, held: Sequence[tuple[str, str, int]], *, shared: bool = False
@@ -238,19 +240,15 @@ class HolderQueries(StoreBase):
             rest = [lease for lease in held if lease[1] not in refused]
             if not rest:
                 return set(), refused
-            owners = {owner for _, owner, _ in rest}
             if shared:
-                query, _ = queries.refresh_shared_many(rest)
-                docs = self.collection.find(query, projection=queries.SHARED_LEASES, hint=_BY_ID)
-                alive = queries.live_shared_owners(docs, owners)
-            else:
-                query, _ = queries.refresh_many(rest)
-                live = {**query, **queries.REFRESHED_LIVE}
-                alive = {
-                    doc["owner"]
-                    for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
-                }
-        return owners - alive, refused
+                return self._lost_shared(rest), refused
+            query, _ = queries.refresh_many(rest)
+            live = {**query, **queries.REFRESHED_LIVE}
+            alive = {
+                doc["owner"]
+                for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
+            }
+        return {owner for _, owner, _ in rest} - alive, refused
 
     @staticmethod
     def _refresh_one(
