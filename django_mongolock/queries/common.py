@@ -62,10 +62,11 @@ HELD: Final = {"$or": [{"owner": {"$nin": [None, ""]}}, {"holders.0": {"$exists"
 # also lasts at least this long after any attempt of its waiter.
 PLACE_GRACE_MS: Final = 2000
 # At most how long a place behind the head of the line lasts past a handoff, beyond the
-# grace period, unless renewed (ms). Those waiters hear of no handoff: they look again at least
-# this often while others are ahead of them, and an exclusive one's place lasts this and
-# the grace period from each of its attempts while the key is held. A run of dead waiters
-# in line lapses within this and the grace period of the handoff that found them.
+# grace period, unless renewed (ms). Those waiters hear of no handoff: they look again at
+# least this often while others are ahead of them, and an exclusive one's place lasts
+# this and the grace period from each of its attempts while the key is held. A run of
+# dead waiters in line lapses within this and the grace period of the handoff that
+# found them.
 LINE_CHECK_MS: Final = 5000
 # The first lease of a lock handed to a waiter by a release is at most this long (ms): a
 # waiter that died in line then holds the key back no longer than a lapsed place would.

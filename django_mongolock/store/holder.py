@@ -163,18 +163,21 @@ class HolderQueries(StoreBase):
         """
         if not held:
             return set()
-        query, pipeline = queries.refresh_many(held)
         with self._translate:
-            result = self.collection.update_many(query, pipeline, hint=_BY_ID)
+            result = self.collection.update_many(*queries.refresh_many(held), hint=_BY_ID)
             # Every live lease is modified (its refreshed_at moves on); one refreshed
             # in the same millisecond is not, and the read below finds it live.
             if result.modified_count == len(held):
                 return set()
-            live = {**query, **queries.REFRESHED_LIVE}
-            alive = {
-                doc["owner"]
-                for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
-            }
+            return self._lost_exclusive(held)
+
+    def _lost_exclusive(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
+        """The owners in ``held`` without a live exclusive lease, read after a refresh."""
+        query, _ = queries.refresh_many(held)
+        live = {**query, **queries.REFRESHED_LIVE}
+        alive = {
+            doc["owner"] for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
+        }
         return {owner for _, owner, _ in held} - alive
 
     def refresh_shared_many(self, held: Sequence[tuple[str, str, int]]) -> set[str]:
@@ -240,15 +243,8 @@ class HolderQueries(StoreBase):
             rest = [lease for lease in held if lease[1] not in refused]
             if not rest:
                 return set(), refused
-            if shared:
-                return self._lost_shared(rest), refused
-            query, _ = queries.refresh_many(rest)
-            live = {**query, **queries.REFRESHED_LIVE}
-            alive = {
-                doc["owner"]
-                for doc in self.collection.find(live, projection={"owner": 1}, hint=_BY_ID)
-            }
-        return {owner for _, owner, _ in rest} - alive, refused
+            lost = self._lost_shared(rest) if shared else self._lost_exclusive(rest)
+        return lost, refused
 
     @staticmethod
     def _refresh_one(
