@@ -56,6 +56,8 @@ class Spec:
     blocking: bool = True
     """For the uncontended workload: acquire with the blocking call (the default API)."""
     refresh: bool = True
+    shared_stream: bool = False
+    """For ``ours``: the processes of the host share one change stream (``SHARED_STREAM``)."""
     instrument: str = ""
     """For ``ours``: observers to install while the contender lives, joined by ``+``
     (``prometheus``, ``otel``, ``stats``); empty for none (``benchmarks.instruments``)."""
@@ -159,6 +161,7 @@ class OurLock:
                 collection=spec.collection,
                 ttl=TTL,
                 refresh=spec.refresh,
+                shared_stream=spec.shared_stream,
             )
         except BaseException:
             self._uninstall()

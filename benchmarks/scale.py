@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,6 +47,17 @@ __all__ = [
 ]
 
 PLOT_NAME: Final = "scale.png"
+# The shapes measured, as the targets name them.
+SHAPES: Final = {
+    "keys": "waiters on as many keys",
+    "processes": "processes on one key",
+    "relay": "processes on one key, one shared stream",
+}
+PLOT_LABELS: Final = {
+    "keys": "W waiters on W keys, 1 process",
+    "processes": "P processes, 1 key",
+    "relay": "P processes, 1 key, SHARED_STREAM",
+}
 # Between two releases of the keys shape: each wake-up is timed on its own.
 SPACING: Final = 0.01
 # Wake-ups timed per size in the keys shape, at least (small sizes repeat).
@@ -260,11 +272,16 @@ def run(
         result["keys"] = run_fresh(keys_probe, url, list(keys))
         for point in result["keys"]["points"].values():
             say(f"  {point['waiters']} waiters on as many keys: {_line(point)}")
-    points: dict[str, Any] = {}
-    for parties in processes:
-        points[str(parties)] = point = processes_point(url, spec, parties, seconds, hold)
-        say(f"  {parties} processes on one key: {_line(point)}")
-    result["processes"] = {"points": points}
+    for shape, shared, title in (
+        ("processes", False, "processes on one key"),
+        ("relay", True, "processes on one key, one shared stream"),
+    ):
+        points: dict[str, Any] = {}
+        for parties in processes:
+            each = replace(spec, shared_stream=shared)
+            points[str(parties)] = point = processes_point(url, each, parties, seconds, hold)
+            say(f"  {parties} {title}: {_line(point)}")
+        result[shape] = {"points": points}
     return result
 
 
@@ -283,10 +300,7 @@ def _line(point: dict[str, Any]) -> str:
 def targets(data: dict[str, Any]) -> list[tuple[str, str, str, float, bool]]:
     """(target, goal, figure, ratio, met): wake-up p99 at the most waiters vs 4 waiters."""
     rows = []
-    for shape, title in (
-        ("keys", "waiters on as many keys"),
-        ("processes", "processes on one key"),
-    ):
+    for shape, title in SHAPES.items():
         points = data.get(shape, {}).get("points", {})
         if len(points) < 2:
             continue
@@ -323,7 +337,9 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "the writes that wake every open change stream (one that changes nothing wakes "
         "none; one that changes many documents counts once). *Cursors*: the most cursors "
         "open on the server while they wait, over its count before the waiters' processes "
-        "and clients started (change streams among them).",
+        "and clients started (change streams among them). *Relay*: the processes shape "
+        "again with `SHARED_STREAM` on, so that one process per host opens the change "
+        "stream and passes the events on to the others over a local socket.",
         "",
         f"The machine has {data['cores']} cores, shared by the server and every waiting "
         "process: at the largest counts, scheduling that many processes on them is part "
@@ -333,7 +349,7 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "",
     ]
     rows = []
-    for shape in ("keys", "processes"):
+    for shape in SHAPES:
         for point in sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters):
             ops = point["ops"]
             rows.append(
@@ -389,12 +405,16 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     pyplot = importlib.import_module("matplotlib.pyplot")
     figure, (waits, costs) = pyplot.subplots(1, 2, figsize=(10, 4.2), dpi=110)
-    for shape, colour in (("keys", "tab:blue"), ("processes", "tab:orange")):
+    for shape, colour in (
+        ("keys", "tab:blue"),
+        ("processes", "tab:orange"),
+        ("relay", "tab:green"),
+    ):
         points = sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters)
         if not points:
             continue
         xs = [p["waiters"] for p in points]
-        label = "W waiters on W keys, 1 process" if shape == "keys" else "P processes, 1 key"
+        label = PLOT_LABELS[shape]
         for q, style in (("p50", "-o"), ("p99", "--s")):
             ys = [p["wake"][q] * 1000 for p in points]
             waits.plot(xs, ys, style, color=colour, label=f"{label}: {q}")

@@ -75,6 +75,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     "SERVER_SELECTION_TIMEOUT": 5.0,
     # Whether this process records the contention statistics that the admin charts.
     "STATS": True,
+    # Whether the processes of a user on a host share one change stream (Linux only).
+    "SHARED_STREAM": False,
 }
 
 
@@ -99,6 +101,7 @@ class MongoLockSettings:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     stats: bool = True
+    shared_stream: bool = False
 
 
 def _user_settings() -> Any:
@@ -152,6 +155,7 @@ def get_settings() -> MongoLockSettings:
         username=username,
         password=password,
         stats=merged["STATS"],
+        shared_stream=merged["SHARED_STREAM"],
     )
 
 
@@ -187,6 +191,7 @@ def settings_problems() -> list[Problem]:
         "PASSWORD": current.password,
         "AUDIT_RETENTION": current.audit_retention,
         "STATS": current.stats,
+        "SHARED_STREAM": current.shared_stream,
     }
     for name, (check_id, validate) in VALUE_CHECKS.items():
         error = validate(values[name])
@@ -334,6 +339,7 @@ def get_manager() -> LockManager:
                 refresh=current.refresh,
                 owner=current.owner,
                 server_selection_timeout=current.server_selection_timeout,
+                shared_stream=current.shared_stream,
             )
         return _manager
 

@@ -19,6 +19,7 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI
 
+from django_mongolock import relay
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, MongoLockError
 from django_mongolock.mongo import redact
@@ -68,7 +69,9 @@ class Connection:
     ``_client_options``, which a subclass may extend). ``name`` is what errors call it
     (the manager's repr): a closed connection refuses any further use, naming it.
     ``prefix_of`` tells what the holder ids of this process's waiters start with, so that
-    the watcher streams only the handoffs to them (None: every handoff).
+    the watcher streams only the handoffs to them (None: every handoff);
+    ``shared_prefix_of``, what those of every process on the host start with when they
+    share one stream through a relay (None: they do not).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Connection:
         options: Callable[[], dict[str, Any]],
         name: str,
         prefix_of: Callable[[], str | None] = lambda: None,
+        shared_prefix_of: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.url = url
         self.database = database
@@ -87,6 +91,7 @@ class Connection:
         self._options = options
         self.name = name
         self._prefix_of = prefix_of
+        self._shared_prefix_of = shared_prefix_of
         self._waiters = Waiters()
         self._given_client = client
         self._client: MongoClient[Any] | None = None
@@ -214,9 +219,19 @@ class Connection:
             waiters = self.waiters
             with self._build_mutex:
                 if self._watcher is None or self._watcher.pid != os.getpid():
-                    self._watcher = Watcher(lambda: self.store, waiters, self._prefix_of)
+                    self._watcher = Watcher(
+                        lambda: self.store, waiters, self._prefix_of, self._relay
+                    )
                 watcher = self._watcher
         return watcher
+
+    def _relay(self) -> relay.Place | None:
+        """Where this collection's relay is, when the processes of the host share one
+        stream (only for a connection built from a URL: a given client may differ)."""
+        prefix = self._shared_prefix_of()
+        if prefix is None or self.url is None:
+            return None
+        return relay.place(self.url, self.database, self.collection, prefix)
 
     def close(self) -> None:
         """Stop the watcher and close the client built here (a given one stays open)."""

@@ -21,7 +21,7 @@ from django_mongolock.connection import DEFAULT_URL, Connection, client_options
 from django_mongolock.context import LockContext
 from django_mongolock.lock import Lock
 from django_mongolock.operations import Operations
-from django_mongolock.owners import new_owner, owner_prefix
+from django_mongolock.owners import host_prefix, new_owner, owner_prefix
 from django_mongolock.queries import check_limit
 from django_mongolock.recipes import Election, LockGroup, Semaphore
 from django_mongolock.reentry import Reentries, current_holder
@@ -68,6 +68,7 @@ class LockManager(Operations):
         server_selection_timeout: float = 5.0,
         owner: str | None = None,
         audit_retention: int | None = None,
+        shared_stream: bool = False,
     ) -> None:
         if url is not None and client is not None:
             raise ValueError("give either url or client, not both")
@@ -77,6 +78,7 @@ class LockManager(Operations):
         if audit_retention is not None:
             validate_retention(audit_retention, name="audit_retention")
         validate_flag("refresh", refresh)
+        validate_flag("shared_stream", shared_stream)
         validate_owner(owner)
         validate_name("database", database)
         validate_name("collection", collection)
@@ -92,6 +94,8 @@ class LockManager(Operations):
             server_selection_timeout, name="server_selection_timeout"
         )
         self.owner = owner
+        # Whether the processes of this user on this host share one change stream.
+        self.shared_stream = shared_stream
         self._reentries = Reentries()
         self._connection = Connection(
             self.url,
@@ -101,6 +105,7 @@ class LockManager(Operations):
             self._client_options,
             repr(self),
             lambda: owner_prefix(self.owner),
+            lambda: host_prefix(self.owner) if self.shared_stream else None,
         )
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ import os
 import secrets
 import socket
 
-__all__ = ["new_owner", "operator", "owner_prefix"]
+__all__ = ["host_prefix", "new_owner", "operator", "owner_prefix"]
 
 
 class _OwnerIds:
@@ -52,6 +52,12 @@ def owner_prefix(name: str | None) -> str:
     """
     ids = _owner_ids()
     return f"{name or ids.host}:{ids.pid}:"
+
+
+def host_prefix(name: str | None) -> str:
+    """What the holder ids of every process on this host start with, given ``name``:
+    ``host:``. One relay's stream carries the handoffs to all of them (``relay``)."""
+    return f"{name or _owner_ids().host}:"
 
 
 def operator() -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "SERVER_SELECTION_TIMEOUT_INVALID",
     "SERVER_STANDALONE",
     "SERVER_UNUSABLE",
+    "SHARED_STREAM_INVALID",
     "STATS_INVALID",
     "TTL_INVALID",
     "UNKNOWN_KEY",
@@ -63,6 +64,7 @@ CREDENTIAL_INVALID: Final = "E012"  # USERNAME or PASSWORD
 CREDENTIALS_CONFLICT: Final = "E013"  # given twice, or a password without a user
 AUDIT_RETENTION_INVALID: Final = "E014"
 STATS_INVALID: Final = "E015"
+SHARED_STREAM_INVALID: Final = "E016"
 PASSWORD_SHOWN: Final = "W003"  # a password in a URL that Django shows
 # -- the server (checked with ``check --database``) -----------------------------------------
 SERVER_UNUSABLE: Final = "E010"
@@ -145,6 +147,7 @@ VALUE_CHECKS: Final[Mapping[str, tuple[str, Callable[[Any], str | None]]]] = {
     "PASSWORD": (CREDENTIAL_INVALID, _check_optional_text),
     "AUDIT_RETENTION": (AUDIT_RETENTION_INVALID, _check_audit_retention),
     "STATS": (STATS_INVALID, _check_flag),
+    "SHARED_STREAM": (SHARED_STREAM_INVALID, _check_flag),
 }
 """Each setting's check id and value check."""
 

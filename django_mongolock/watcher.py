@@ -12,6 +12,10 @@ without a request of its own. Such an event reaches only the process of that wai
 of the next one in line (``queries.wakeups``), so the cost of a handoff does not grow
 with the number of processes waiting for the key. The thread starts with the first
 waiter and ends after a minute without any.
+
+With a relay (``SHARED_STREAM``, see ``relay``) one process per host and user opens the
+stream and leads; the others follow it over a local socket instead of opening their
+own, and fall back to one of their own when no leader answers.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pymongo.errors import OperationFailure, PyMongoError
 
-from django_mongolock import clock, mongo, queries
+from django_mongolock import clock, mongo, queries, relay
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.store import LockStore
 from django_mongolock.waiters import Handoff, Waiters
@@ -40,6 +44,12 @@ logger = logging.getLogger("django_mongolock.watcher")
 MAX_AWAIT = 0.5
 # The thread ends after this long with nobody waiting; the next waiter starts it again.
 IDLE_EXIT = 60.0
+# A process that found a relay's name held but nobody answering streams on its own, and
+# tries to lead or follow again this often.
+RELAY_RETRY = 10.0
+# How often, and how far apart, a process tries to lead or follow before streaming alone.
+JOIN_TRIES = 3
+JOIN_PAUSE = 0.05
 
 
 def handoff_of(change: Mapping[str, Any]) -> Handoff | None:
@@ -83,21 +93,37 @@ def _released_by(fields: Mapping[str, Any]) -> str:
     return first if isinstance(first, str) else ""
 
 
+class _Progress:
+    """What a watcher thread carries from one stream to the next."""
+
+    __slots__ = ("failures", "idle_since", "resume_token")
+
+    def __init__(self) -> None:
+        self.resume_token: Any = None
+        self.failures = 0
+        self.idle_since = clock.now()
+
+
 class Watcher:
-    """One change stream on one lock collection, shared by all waiting threads of a process."""
+    """One change stream on one lock collection, shared by all waiting threads of a process
+    (or, with a relay, by all processes of a user on a host)."""
 
     def __init__(
         self,
         store_of: Callable[[], LockStore],
         waiters: Waiters,
         prefix_of: Callable[[], str | None] = lambda: None,
+        relay_of: Callable[[], relay.Place | None] = lambda: None,
     ) -> None:
         self._store_of = store_of
         self.waiters = waiters
         # What this process's holder ids start with: only handoffs to them are streamed,
         # until a waiter with another kind of id comes (``ensure_running``).
         self._prefix_of = prefix_of
+        self._relay_of = relay_of
         self._unfiltered = False
+        # The relay's name is another user's, or cannot be bound: never lead or follow.
+        self._alone = False
         self._reopen = threading.Event()
         self.pid = os.getpid()
         self._mutex = threading.Lock()
@@ -106,6 +132,9 @@ class Watcher:
         self._healthy_since: float | None = None
         self.events = 0
         self.opened = 0
+        # "leader", "follower" or "own" while the thread runs (None: not running).
+        self.role: str | None = None
+        self.leader: relay.Leader | None = None
 
     @property
     def healthy(self) -> bool:
@@ -126,7 +155,7 @@ class Watcher:
         ``owner`` is the holder id of the waiter that needs the stream: one that does
         not start with this process's prefix (a manager whose ``new_owner()`` makes ids
         of its own) would never hear of a handoff to it, so the stream lets every
-        handoff through from then on.
+        handoff through from then on (and this process leaves any relay).
         """
         if owner and not self._unfiltered:
             prefix = self._prefix_of()
@@ -149,63 +178,215 @@ class Watcher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def _relay_place(self) -> relay.Place | None:
+        if self._unfiltered or self._alone or not relay.supported():
+            return None
+        return self._relay_of()
+
+    def _join(self, where: relay.Place) -> relay.Follower | None:
+        """Follow the leader at ``where`` (None: it did not answer, or is another user's)."""
+        prefix = self._prefix_of()
+        try:
+            return relay.Follower.join(where, prefix or where.prefix, self._codec())
+        except relay.Foreign as exc:
+            self._alone = True
+            logger.warning("%s: this process streams on its own", exc)
+            return None
+
+    def _codec(self) -> Any:
+        return self._store_of().collection.codec_options
+
     def _run(self) -> None:
-        resume_token: Any = None
-        failures = 0
-        idle_since = clock.now()
-        while not self._stop.is_set():
-            # Set when the stream is closed only to be opened again with another filter,
-            # from where it stopped: its waiters miss nothing meanwhile.
-            reopened = False
-            try:
-                store = self._store_of()
-                self._reopen.clear()
-                with store.collection.watch(
-                    queries.wakeups(None if self._unfiltered else self._prefix_of()),
-                    max_await_time_ms=round(MAX_AWAIT * 1000),
-                    resume_after=resume_token,
-                ) as stream:
-                    if self._healthy_since is None:
-                        self._healthy_since = clock.now()
-                    self.opened += 1
-                    if failures:
-                        logger.info("change stream resumed; waiters are woken by releases again")
-                    failures = 0
-                    while not self._stop.is_set() and stream.alive:
-                        if self._reopen.is_set() and resume_token is not None:
+        progress = _Progress()
+        leader: relay.Leader | None = None
+        follower: relay.Follower | None = None
+        try:
+            while not self._stop.is_set():
+                where = self._relay_place()
+                if where is None and leader is not None:
+                    leader.close()  # this process now streams every handoff: no more relay
+                    leader = None
+                if leader is None and follower is None and where is not None:
+                    # A leader that just died may hold its name a moment longer than
+                    # its connections: a few quick tries before streaming alone.
+                    for _ in range(JOIN_TRIES):
+                        joined = self._lead_or_follow(where)
+                        if isinstance(joined, relay.Leader):
+                            leader = joined
+                        else:
+                            follower = joined
+                        if joined is not None or self._relay_place() is None:
+                            break
+                        self._stop.wait(JOIN_PAUSE)
+                if follower is not None:
+                    joined, follower = follower, None
+                    if not self._follow(progress, joined, self._healthy_since):
+                        return
+                    continue
+                outcome = self._stream(progress, where, leader)
+                if outcome is False:
+                    return
+                if isinstance(outcome, relay.Leader):
+                    leader = outcome  # its stream opens from where this one stopped
+                else:
+                    follower = outcome
+        finally:
+            if leader is not None:
+                leader.close()  # the followers lead or follow anew
+            with self._mutex:
+                self._healthy_since = None
+                self.role = None
+                self.leader = None
+
+    def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
+        """Lead the relay at ``where`` if nobody holds its name, else follow its leader
+        (None: nobody answered, or this process must stream alone)."""
+        try:
+            listener = relay.bind(where)
+        except OSError as exc:
+            self._alone = True
+            logger.warning("relay: cannot bind its socket, this process streams alone: %s", exc)
+            return None
+        if listener is not None:
+            return relay.Leader(listener)
+        return self._join(where)
+
+    def _follow(self, progress: _Progress, follower: relay.Follower, kept: float | None) -> bool:
+        """Read the leader's events until it is lost (True) or nobody has waited for a
+        while (False: the thread ends). ``kept``: since when events have been delivered
+        by a stream of this process's that the leader now takes over from."""
+        self.role = "follower"
+        self._healthy_since = kept if kept is not None and follower.healthy else None
+        if self._healthy_since is None and follower.healthy:
+            self._healthy_since = clock.now()
+        try:
+            while not self._stop.is_set() and not self._unfiltered:
+                for message in follower.read(MAX_AWAIT):
+                    if message.get("t") == "h":
+                        if not message.get("ok"):
+                            if self._healthy_since is not None:
+                                self._healthy_since = None
+                                self.waiters.notify_all()
+                        elif self._healthy_since is None:
+                            self._healthy_since = clock.now()
+                    elif message.get("t") == "e":
+                        self._deliver(message["c"], None)
+                if len(self.waiters):
+                    progress.idle_since = clock.now()
+                elif clock.now() - progress.idle_since > IDLE_EXIT:
+                    return False
+        except relay.RelayLost as exc:
+            logger.info("relay lost (%s): leading or following anew", exc)
+        finally:
+            follower.close()
+            self._healthy_since = None
+            self.waiters.notify_all()
+        return True
+
+    def _deliver(self, change: Mapping[str, Any], prefix: str | None) -> None:
+        """Wake the waiters ``change`` concerns (with ``prefix``: if it concerns this
+        process: a leader's stream carries the whole host's handoffs)."""
+        self.events += 1
+        if prefix is not None and not queries.reaches(change, prefix):
+            return
+        if self.waiters.notify(change["documentKey"]["_id"], handoff_of(change)):
+            # Let the woken waiter take the interpreter lock now, before this thread
+            # goes on to ask for the next event.
+            time.sleep(0)
+
+    def _stream(
+        self, progress: _Progress, where: relay.Place | None, leader: relay.Leader | None
+    ) -> relay.Follower | relay.Leader | Literal[False] | None:
+        """Open a stream and read it until it fails or must reopen (None), a relay takes
+        over (this process follows it, or leads it: a Follower or a Leader), or nobody
+        has waited for a while (False).
+
+        ``leader``: this process leads the relay at ``where`` and passes the events on;
+        it keeps leading through a failed stream (its followers hear so, and wait).
+        Without one, ``where`` is a relay whose name was held but nobody answered: this
+        process tries to lead or follow it again every ``RELAY_RETRY`` seconds.
+        """
+        # Set when the stream is closed only to be opened again from where it stopped, or
+        # handed over to a leader that was joined while it ran: waiters miss nothing.
+        reopened = False
+        handover: relay.Follower | relay.Leader | None = None
+        retry_at = clock.now() + RELAY_RETRY
+        own = self._prefix_of()
+        self.role = "own" if leader is None else "leader"
+        self.leader = leader
+        try:
+            store = self._store_of()
+            self._reopen.clear()
+            if leader is not None and where is not None:
+                pipeline = queries.wakeups(where.prefix)
+            else:
+                pipeline = queries.wakeups(None if self._unfiltered else own)
+            with store.collection.watch(
+                pipeline,
+                max_await_time_ms=round(MAX_AWAIT * 1000),
+                resume_after=progress.resume_token,
+            ) as stream:
+                if self._healthy_since is None:
+                    self._healthy_since = clock.now()
+                if leader is not None:
+                    leader.health(True)
+                self.opened += 1
+                if progress.failures:
+                    logger.info("change stream resumed; waiters are woken by releases again")
+                progress.failures = 0
+                while not self._stop.is_set() and stream.alive:
+                    if self._reopen.is_set() and progress.resume_token is not None:
+                        reopened = True
+                        break
+                    if leader is not None:
+                        leader.admit()
+                        leader.beat()
+                    elif where is not None and clock.now() >= retry_at:
+                        retry_at = clock.now() + RELAY_RETRY
+                        handover = self._lead_or_follow(where)
+                        if isinstance(handover, relay.Follower) and not handover.healthy:
+                            handover.close()
+                            handover = None
+                        if handover is not None:
+                            # A leader's events reach us from now on, ours did up to now;
+                            # or this process leads, from where its stream stopped.
                             reopened = True
                             break
-                        change = stream.try_next()
-                        resume_token = stream.resume_token
-                        if change is not None:
-                            self.events += 1
-                            key = change["documentKey"]["_id"]
-                            if self.waiters.notify(key, handoff_of(change)):
-                                # Let the woken waiter take the interpreter lock now,
-                                # before this thread goes on to ask for the next event.
-                                time.sleep(0)
-                            continue
-                        if len(self.waiters):
-                            idle_since = clock.now()
-                        elif clock.now() - idle_since > IDLE_EXIT:
-                            return
-            except (PyMongoError, MongoLockError) as exc:
-                if isinstance(exc, OperationFailure) and exc.code in mongo.HISTORY_LOST:
-                    resume_token = None  # the resume point is gone: start afresh
-                failures += 1
-                if failures == 1:
-                    logger.warning("change stream unavailable, waiters poll instead: %s", exc)
-            except Exception:
-                failures += 1
-                logger.exception("change stream failed")
-            finally:
-                if not reopened:
-                    self._healthy_since = None
-                    # Waiters sleeping on the stream must switch to their back-off now.
-                    self.waiters.notify_all()
-            if reopened:
-                continue
-            if not self._stop.is_set():
-                self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0))
-        with self._mutex:
-            self._healthy_since = None
+                    change = stream.try_next()
+                    progress.resume_token = stream.resume_token
+                    if change is not None:
+                        if leader is not None:
+                            leader.pass_on(change)
+                        self._deliver(change, own if leader is not None else None)
+                        continue
+                    if len(self.waiters) or (leader is not None and len(leader)):
+                        progress.idle_since = clock.now()
+                    elif clock.now() - progress.idle_since > IDLE_EXIT:
+                        return False
+        except (PyMongoError, MongoLockError) as exc:
+            if isinstance(exc, OperationFailure) and exc.code in mongo.HISTORY_LOST:
+                progress.resume_token = None  # the resume point is gone: start afresh
+            progress.failures += 1
+            if progress.failures == 1:
+                logger.warning("change stream unavailable, waiters poll instead: %s", exc)
+        except Exception:
+            progress.failures += 1
+            logger.exception("change stream failed")
+        finally:
+            if not reopened:
+                self._healthy_since = None
+                # Waiters sleeping on the stream must switch to their back-off now, and
+                # so must the followers'.
+                self.waiters.notify_all()
+                if leader is not None:
+                    leader.health(False)
+        if reopened or self._stop.is_set():
+            return handover
+        pause = min(30.0, 0.5 * 2 ** min(progress.failures, 6)) * random.uniform(0.5, 1.0)
+        end = clock.now() + pause
+        # A leader keeps its followers through the pause: they hear it is alive.
+        while (left := end - clock.now()) > 0 and not self._stop.wait(min(left, relay.HEARTBEAT)):
+            if leader is not None:
+                leader.admit()
+                leader.beat()
+        return None

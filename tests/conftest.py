@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,21 @@ def other(mongolock_url: str, manager: LockManager) -> Iterator[LockManager]:
     second = LockManager(mongolock_url, database=manager.database, collection=manager.collection)
     yield second
     second.close()
+
+
+@pytest.fixture
+def shared(mongolock_url: str, mongolock_database: str) -> Iterator[Callable[[], LockManager]]:
+    """Managers that share one stream through the relay of this test's collection."""
+    made: list[LockManager] = []
+
+    def make() -> LockManager:
+        manager = LockManager(mongolock_url, database=mongolock_database, shared_stream=True)
+        made.append(manager)
+        return manager
+
+    yield make
+    for manager in reversed(made):
+        manager.close()
 
 
 @pytest.fixture

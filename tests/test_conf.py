@@ -98,6 +98,7 @@ def test_default_manager_works(mongolock_settings: dict[str, Any]) -> None:
         ({"OWNER": 3}, ["mongolock.E008"]),
         ({"SERVER_SELECTION_TIMEOUT": 0}, ["mongolock.E009"]),
         ({"STATS": "no"}, ["mongolock.E015"]),
+        ({"SHARED_STREAM": 1}, ["mongolock.E016"]),
         (
             {"TTL": 0, "RETENTION": 1.5, "URLS": "x"},
             ["mongolock.E002", "mongolock.E005", "mongolock.E006"],

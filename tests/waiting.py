@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from django_mongolock import LockManager
+from django_mongolock.watcher import Watcher
 
 
 def in_line(manager: LockManager, key: str, count: int, timeout: float = 20.0) -> None:
@@ -26,3 +28,29 @@ def stream_open(manager: LockManager, timeout: float = 60.0) -> None:
     while manager.watcher.healthy_since() is None:
         assert time.monotonic() < deadline, f"the change stream did not open in {timeout:g}s"
         time.sleep(0.02)
+
+
+def until(check: Callable[[], object], timeout: float, what: str) -> float:
+    """Poll ``check`` until true (bounded); how long it took."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def streaming_as(watcher: Watcher, role: str) -> Callable[[], bool]:
+    """Whether ``watcher`` has a healthy stream in ``role`` ("leader", "follower", "own")."""
+    return lambda: watcher.role == role and watcher.healthy
+
+
+def lead_and_follow(make: Callable[[], LockManager]) -> tuple[LockManager, LockManager]:
+    """Two managers from ``make`` (``shared_stream`` on): the first leads, the second
+    follows it (bounded)."""
+    leading, following = make(), make()
+    leading.watcher.ensure_running()
+    until(streaming_as(leading.watcher, "leader"), 30, "leading")
+    following.watcher.ensure_running()
+    until(streaming_as(following.watcher, "follower"), 30, "following")
+    return leading, following

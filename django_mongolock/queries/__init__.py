@@ -16,7 +16,7 @@ share every guarantee, and a query can be read (and tested) without a server.
 from __future__ import annotations
 
 from django_mongolock.queries.acquiring import Acquire, acquire, check_limit, refused
-from django_mongolock.queries.changes import FREED_EVENTS, wakeups
+from django_mongolock.queries.changes import FREED_EVENTS, reaches, wakeups
 from django_mongolock.queries.common import (
     CLUSTER_TOKEN,
     ENDED_KEEP,
@@ -125,6 +125,7 @@ __all__ = [
     "liveness",
     "plan_keyed",
     "plan_locks",
+    "reaches",
     "refresh",
     "refresh_many",
     "refresh_shared",

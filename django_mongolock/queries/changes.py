@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["FREED_EVENTS", "wakeups"]
+__all__ = ["FREED_EVENTS", "reaches", "wakeups"]
 
 _UPDATED: Final = "updateDescription.updatedFields"
 # A replace event of a release: its owner (if any) was made the holder in the release.
@@ -73,3 +74,26 @@ def wakeups(prefix: str | None) -> list[dict[str, Any]]:
 
 # Every freed key and every handoff, whoever it goes to.
 FREED_EVENTS: Final[list[dict[str, Any]]] = wakeups(None)
+
+
+def reaches(change: Mapping[str, Any], prefix: str) -> bool:
+    """Whether ``wakeups(prefix)`` lets through ``change``, an event that a stream with a
+    shorter prefix (every holder id of the host: see ``relay``) let through.
+
+    Such an event frees its key (a delete, or no owner: every waiter hears of it) or
+    names an owner, or the next in line, with the shorter prefix: then it concerns the
+    process whose ids start with ``prefix`` only if one of the two does.
+    """
+    if change.get("operationType") == "delete":
+        return True
+    if change.get("operationType") == "replace":
+        fields = change.get("fullDocument") or {}
+    else:
+        fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+    owner = fields.get("owner")
+    if owner is None:
+        return True
+    head = fields.get("head")
+    return (isinstance(owner, str) and owner.startswith(prefix)) or (
+        isinstance(head, str) and head.startswith(prefix)
+    )

@@ -1,0 +1,355 @@
+"""One change stream per host: a lock collection's wake-ups passed on over a local socket.
+
+Every waiting process opens a change stream, and the server evaluates every lock
+write once per open stream: with hundreds of processes waiting on a host, that cost
+dominates a release. With ``SHARED_STREAM`` the first process of a user on a host to
+need the stream binds an abstract Unix socket named after the user and the lock
+collection, and leads: its watcher opens the one stream, filtered by the host's holder
+ids, and passes each event on to the processes connected to it that it concerns (a
+freed key to all, a handoff to the processes of the new holder and of the next waiter
+in line). The others follow: they connect, and read.
+
+Trust: the name carries the effective uid, and each side checks the other's uid
+(``SO_PEERCRED``): only a process of the same user may lead or follow, and such a
+process could read or write the follower's memory anyway. A name held by another user
+is not joined: that process keeps a stream of its own.
+
+Health: a leader tells each follower whether its stream is open when it joins, at
+once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream
+healthy from the moment it heard so (events after that reach it), and gives up on a
+leader silent for ``SILENCE`` seconds (stopped, or stuck): its waiters then fall back
+to their timers, as they do when any stream breaks, while the watcher leads or follows
+anew, or opens a stream of its own. A follower that cannot keep up (its socket buffer
+full) is dropped, and falls back the same way.
+
+Only Linux has abstract sockets; elsewhere every process keeps its own stream.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import socket
+import struct
+import sys
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+
+from django_mongolock.queries.changes import reaches
+
+__all__ = [
+    "HEARTBEAT",
+    "SILENCE",
+    "Follower",
+    "Foreign",
+    "Leader",
+    "Place",
+    "RelayLost",
+    "bind",
+    "place",
+    "supported",
+]
+
+logger = logging.getLogger("django_mongolock.relay")
+
+# How often a leader tells its followers it is alive (and whether its stream is open).
+HEARTBEAT = 1.0
+# A leader silent this long is taken for gone.
+SILENCE = 3.0
+# How long a follower waits for a leader's first word, and a leader for a follower's.
+HELLO_TIMEOUT = 1.0
+# No message of the relay comes near this; a longer frame means a broken peer.
+MAX_FRAME = 1 << 20
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+# Every relay socket of this process. A child forked while one is open closes its copies:
+# a listener kept open by a child that never accepts would hold the name after its
+# leader is gone, and followers would wait on it in vain.
+_open: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+
+def _tracked(sock: socket.socket) -> socket.socket:
+    _open.add(sock)
+    return sock
+
+
+def _close_inherited() -> None:
+    for sock in list(_open):
+        sock.close()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
+def supported() -> bool:
+    """Whether this system has abstract Unix sockets (Linux)."""
+    return sys.platform.startswith("linux")
+
+
+class Foreign(Exception):
+    """The relay's name is held by a process of another user: never joined."""
+
+
+class RelayLost(Exception):
+    """The leader is gone, silent, or sent something unreadable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where the relay of one lock collection is found, and what its stream lets through.
+
+    ``prefix`` is what the holder ids of every process on this host start with (the
+    manager's ``OWNER``, else the host name): the leader's stream carries the
+    handoffs to all of them, and each follower gets those to its own.
+    """
+
+    address: bytes
+    prefix: str
+
+
+def place(url: str, database: str, collection: str, prefix: str) -> Place:
+    """The relay of ``database.collection`` at ``url``, for this user and host prefix.
+
+    The URL (with any credentials) goes into the name through a hash only: abstract
+    socket names can be listed by anyone on the host.
+    """
+    digest = hashlib.sha256("\0".join((url, database, collection, prefix)).encode()).hexdigest()
+    return Place(f"\0django-mongolock/{os.geteuid()}/{digest[:32]}".encode(), prefix)
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    return int(_CREDENTIALS.unpack(creds)[1])
+
+
+def _frame(message: Mapping[str, Any]) -> bytes:
+    return bson.encode(message)
+
+
+class _Reader:
+    """Splits a byte stream into BSON documents (each starts with its length)."""
+
+    __slots__ = ("_buffer", "_codec")
+
+    def __init__(self, codec: CodecOptions[Any]) -> None:
+        self._buffer = bytearray()
+        self._codec = codec
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= 4:
+            size = int.from_bytes(self._buffer[:4], "little")
+            if not 5 <= size <= MAX_FRAME:
+                raise RelayLost(f"unreadable frame of {size} bytes")
+            if len(self._buffer) < size:
+                break
+            try:
+                messages.append(bson.decode(bytes(self._buffer[:size]), codec_options=self._codec))
+            except (bson.errors.BSONError, ValueError) as exc:
+                raise RelayLost(f"unreadable frame: {exc}") from exc
+            del self._buffer[:size]
+        return messages
+
+
+def _read_first(
+    sock: socket.socket, reader: _Reader, timeout: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The first message on ``sock`` within ``timeout`` seconds, and any that came with it
+    (a leader may send a heartbeat or an event right after its hello)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            break
+        if not data:
+            raise RelayLost("closed before its first message")
+        messages = reader.feed(data)
+        if messages:
+            return messages[0], messages[1:]
+    raise RelayLost(f"no first message within {timeout:g} s")
+
+
+def bind(where: Place) -> socket.socket | None:
+    """A listening socket at ``where``, or None if a process holds the name already."""
+    sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+    try:
+        sock.bind(where.address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    sock.listen(256)
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass(slots=True)
+class _Member:
+    sock: socket.socket
+    prefix: str
+
+
+class Leader:
+    """The leading side: takes followers in, and passes the stream's events on.
+
+    Used by the watcher thread only (no lock): it admits new followers between events.
+    """
+
+    def __init__(self, listener: socket.socket) -> None:
+        self._listener = listener
+        self._members: list[_Member] = []
+        self._healthy = False
+        self._beat_at = 0.0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def admit(self) -> None:
+        """Take in every follower waiting to connect; tell each whether the stream is open."""
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+                _tracked(sock)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                logger.warning("relay: accept failed: %s", exc)
+                return
+            try:
+                if _peer_uid(sock) != os.geteuid():
+                    raise RelayLost("a process of another user")
+                hello, more = _read_first(sock, _Reader(CodecOptions()), HELLO_TIMEOUT)
+                prefix = hello.get("prefix")
+                if more:
+                    raise RelayLost("a follower spoke twice before it was answered")
+                if hello.get("t") != "hello" or not isinstance(prefix, str) or not prefix:
+                    raise RelayLost(f"not a follower's hello: {hello!r}")
+                sock.setblocking(False)
+                sock.sendall(_frame({"t": "h", "ok": self._healthy}))
+            except (RelayLost, OSError) as exc:
+                logger.info("relay: a follower was turned away: %s", exc)
+                sock.close()
+                continue
+            self._members.append(_Member(sock, prefix))
+
+    def health(self, healthy: bool) -> None:
+        """Tell every follower whether the stream is open (at once, when it changes)."""
+        self._healthy = healthy
+        self._beat_at = time.monotonic()
+        frame = _frame({"t": "h", "ok": healthy})
+        self._send(lambda member: frame)
+
+    def beat(self) -> None:
+        """The heartbeat, when one is due."""
+        if time.monotonic() - self._beat_at >= HEARTBEAT:
+            self.health(self._healthy)
+
+    def pass_on(self, change: Mapping[str, Any]) -> None:
+        """Send ``change`` to the followers it concerns (``queries.changes.reaches``)."""
+        frame = _frame({"t": "e", "c": change})
+        self._send(lambda member: frame if reaches(change, member.prefix) else None)
+
+    def _send(self, frame_for: Any) -> None:
+        kept = []
+        for member in self._members:
+            frame = frame_for(member)
+            if frame is not None:
+                try:
+                    sent = member.sock.send(frame)
+                except OSError:  # gone, or too slow: its socket buffer is full
+                    sent = -1
+                if sent != len(frame):
+                    # A part of a frame would garble the rest: the follower falls back.
+                    self.dropped += 1
+                    member.sock.close()
+                    continue
+            kept.append(member)
+        self._members = kept
+
+    def close(self) -> None:
+        """Stop leading: the followers see the socket close and lead or follow anew."""
+        self._listener.close()
+        for member in self._members:
+            member.sock.close()
+        self._members = []
+
+
+class Follower:
+    """The following side: one connection to a leader, read by the watcher thread."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        reader: _Reader,
+        healthy: bool,
+        pending: list[dict[str, Any]],
+    ) -> None:
+        self._sock = sock
+        self._reader = reader
+        self.healthy = healthy
+        # What the leader sent right after its hello, read with it.
+        self._pending = pending
+        self._heard_at = time.monotonic()
+
+    @classmethod
+    def join(cls, where: Place, prefix: str, codec: CodecOptions[Any]) -> Follower | None:
+        """Connect to the leader at ``where`` (None: nobody leads there, or it did not
+        answer in time); ``prefix`` says which handoffs are this process's."""
+        sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        try:
+            sock.settimeout(HELLO_TIMEOUT)
+            sock.connect(where.address)
+            if _peer_uid(sock) != os.geteuid():
+                raise Foreign(f"the relay's name is held by uid {_peer_uid(sock)}")
+            sock.sendall(_frame({"t": "hello", "prefix": prefix}))
+            reader = _Reader(codec)
+            first, more = _read_first(sock, reader, HELLO_TIMEOUT)
+            if first.get("t") != "h":
+                raise RelayLost(f"not a leader's hello: {first!r}")
+        except (OSError, RelayLost) as exc:
+            sock.close()
+            logger.debug("relay: could not follow: %s", exc)
+            return None
+        except Foreign:
+            sock.close()
+            raise
+        return cls(sock, reader, bool(first.get("ok")), more)
+
+    def read(self, timeout: float) -> list[dict[str, Any]]:
+        """The messages that come within ``timeout`` seconds (maybe none); RelayLost if
+        the leader closed, garbled, or has been silent for ``SILENCE`` seconds."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            return pending
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(65536)
+        except TimeoutError:
+            data = None
+        except OSError as exc:
+            raise RelayLost(str(exc)) from exc
+        now = time.monotonic()
+        if data is None:
+            if now - self._heard_at > SILENCE:
+                raise RelayLost(f"silent for {now - self._heard_at:.1f} s")
+            return []
+        if not data:
+            raise RelayLost("the leader closed the connection")
+        self._heard_at = now
+        return self._reader.feed(data)
+
+    def close(self) -> None:
+        self._sock.close()
