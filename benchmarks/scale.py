@@ -52,11 +52,15 @@ SHAPES: Final = {
     "keys": "waiters on as many keys",
     "processes": "processes on one key",
     "relay": "processes on one key, one shared stream",
+    "redis": "python-redis-lock processes on one key",
 }
+# Shapes of other locks, shown for the machine's limit: no target, no server counters.
+REFERENCES: Final = frozenset({"redis"})
 PLOT_LABELS: Final = {
     "keys": "W waiters on W keys, 1 process",
     "processes": "P processes, 1 key",
     "relay": "P processes, 1 key, SHARED_STREAM",
+    "redis": "P processes, 1 key, python-redis-lock",
 }
 # Between two releases of the keys shape: each wake-up is timed on its own.
 SPACING: Final = 0.01
@@ -258,8 +262,10 @@ def run(
     seconds: float,
     hold: float,
     say: Any,
+    reference: Spec | None = None,
 ) -> dict[str, Any]:
-    """Both shapes, each size in turn (the keys shape in a fresh process of its own)."""
+    """Every shape, each size in turn (the keys shape in a fresh process of its own);
+    ``reference``, python-redis-lock's processes on one key, the machine's own limit."""
     from benchmarks.probes import run_fresh
 
     result: dict[str, Any] = {
@@ -272,21 +278,22 @@ def run(
         result["keys"] = run_fresh(keys_probe, url, list(keys))
         for point in result["keys"]["points"].values():
             say(f"  {point['waiters']} waiters on as many keys: {_line(point)}")
-    for shape, shared, title in (
-        ("processes", False, "processes on one key"),
-        ("relay", True, "processes on one key, one shared stream"),
-    ):
+    shapes = [("processes", spec), ("relay", replace(spec, shared_stream=True))]
+    if reference is not None:
+        shapes.append(("redis", reference))
+    for shape, each in shapes:
         points: dict[str, Any] = {}
         for parties in processes:
-            each = replace(spec, shared_stream=shared)
             points[str(parties)] = point = processes_point(url, each, parties, seconds, hold)
-            say(f"  {parties} {title}: {_line(point)}")
+            say(f"  {parties} {SHAPES[shape]}: {_line(point, ours=shape not in REFERENCES)}")
         result[shape] = {"points": points}
     return result
 
 
-def _line(point: dict[str, Any]) -> str:
+def _line(point: dict[str, Any], ours: bool = True) -> str:
     wake = point["wake"]
+    if not ours:
+        return f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}"
     return (
         f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}, "
         f"{point['ops_per_release']:.1f} ops and {point['writes_per_release']:.1f} writes "
@@ -301,6 +308,8 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, float, bool]]:
     """(target, goal, figure, ratio, met): wake-up p99 at the most waiters vs 4 waiters."""
     rows = []
     for shape, title in SHAPES.items():
+        if shape in REFERENCES:
+            continue
         points = data.get(shape, {}).get("points", {})
         if len(points) < 2:
             continue
@@ -339,7 +348,9 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "open on the server while they wait, over its count before the waiters' processes "
         "and clients started (change streams among them). *Relay*: the processes shape "
         "again with `SHARED_STREAM` on, so that one process per host opens the change "
-        "stream and passes the events on to the others over a local socket.",
+        "stream and passes the events on to the others over a local socket. *Redis*: "
+        "python-redis-lock's processes on one key, for the limit of this machine (the "
+        "server counters and cursors are MongoDB's: n/a).",
         "",
         f"The machine has {data['cores']} cores, shared by the server and every waiting "
         "process: at the largest counts, scheduling that many processes on them is part "
@@ -352,6 +363,13 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
     for shape in SHAPES:
         for point in sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters):
             ops = point["ops"]
+            if shape in REFERENCES:
+                wake = point["wake"]
+                rows.append(
+                    [shape, str(point["waiters"]), ms(wake["p50"], 2), ms(wake["p99"], 2)]
+                    + ["n/a"] * 4
+                )
+                continue
             rows.append(
                 [
                     shape,
@@ -409,6 +427,7 @@ def plot(data: dict[str, Any], path: Path) -> bool:
         ("keys", "tab:blue"),
         ("processes", "tab:orange"),
         ("relay", "tab:green"),
+        ("redis", "tab:red"),
     ):
         points = sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters)
         if not points:
@@ -418,7 +437,9 @@ def plot(data: dict[str, Any], path: Path) -> bool:
         for q, style in (("p50", "-o"), ("p99", "--s")):
             ys = [p["wake"][q] * 1000 for p in points]
             waits.plot(xs, ys, style, color=colour, label=f"{label}: {q}")
-        costs.plot(xs, [p["ops_per_release"] for p in points], "-o", color=colour, label=label)
+        if shape not in REFERENCES:
+            ops = [p["ops_per_release"] for p in points]
+            costs.plot(xs, ops, "-o", color=colour, label=label)
     for axes in (waits, costs):
         axes.set_xscale("log")
         axes.set_xlabel("waiters")

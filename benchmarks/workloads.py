@@ -377,6 +377,9 @@ def admin(bench: Bench) -> dict[str, Any]:
 def scale(bench: Bench) -> dict[str, Any]:
     plan = bench.plan
     spec = bench.ours("scale_processes")
+    reference = None
+    if bench.redis is not None:
+        reference = bench.spec("python-redis-lock", "redis", "scale_processes")
     return scaling.run(
         bench.mongo.url,
         spec,
@@ -385,6 +388,7 @@ def scale(bench: Bench) -> dict[str, Any]:
         plan.scale_seconds,
         bench.hold,
         say,
+        reference,
     )
 
 
