@@ -126,7 +126,8 @@ def _wait(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
+            confirm = wake.handed is not None and wake.handed.relayed
+            if (kept := _kept(store, plan, plan.sent_at, handed, keep, confirm)) is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()
@@ -149,27 +150,45 @@ def _wait(
 
 
 def _kept(
-    store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
+    store: LockStore,
+    plan: WaitPlan,
+    sent_at: float,
+    lease: LockInfo,
+    keep: bool,
+    confirm: bool = False,
 ) -> tuple[float, LockInfo] | None:
     """``lease``, got while waiting, as the wait's answer (``_ready``); None when it is
-    found over, and the wait goes on as a new acquisition."""
-    return _ready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
+    found over, and the wait goes on as a new acquisition. ``confirm``: it was told by
+    another process, not by the server: the server extends it first, or finds it not ours."""
+    return _ready(store, plan.request, sent_at, first_lease(lease, plan.request), keep, confirm)
 
 
 async def _akept(
-    store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
+    store: AsyncLockStore,
+    plan: WaitPlan,
+    sent_at: float,
+    lease: LockInfo,
+    keep: bool,
+    confirm: bool = False,
 ) -> tuple[float, LockInfo] | None:
     """``_kept`` for coroutines."""
-    return await _aready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
+    first = first_lease(lease, plan.request)
+    return await _aready(store, plan.request, sent_at, first, keep, confirm)
 
 
 def _ready(
-    store: LockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
+    store: LockStore,
+    request: Request,
+    sent_at: float,
+    first: LockInfo,
+    keep: bool,
+    confirm: bool = False,
 ) -> tuple[float, LockInfo] | None:
     """A lease just got (its ``first_lease``), with when its request was sent, ready to
-    return: extended to the ttl asked for first when it ``must_extend``; None when that
+    return: extended to the ttl asked for first when it ``must_extend`` (or must be
+    confirmed: the extension is the server's word that it is ours); None when that
     finds it over."""
-    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
+    if not confirm and not must_extend(sent_at, first, request, clock.now(), keep=keep):
         return sent_at, first
     sent_at = clock.now()
     extended = store.refresh(
@@ -179,10 +198,15 @@ def _ready(
 
 
 async def _aready(
-    store: AsyncLockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
+    store: AsyncLockStore,
+    request: Request,
+    sent_at: float,
+    first: LockInfo,
+    keep: bool,
+    confirm: bool = False,
 ) -> tuple[float, LockInfo] | None:
     """``_ready`` for coroutines."""
-    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
+    if not confirm and not must_extend(sent_at, first, request, clock.now(), keep=keep):
         return sent_at, first
     sent_at = clock.now()
     extended = await store.refresh(
@@ -267,7 +291,9 @@ async def _await(
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
-            if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
+            confirm = wake.handed is not None and wake.handed.relayed
+            kept = await _akept(store, plan, plan.sent_at, handed, keep, confirm)
+            if kept is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()

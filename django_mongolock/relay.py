@@ -10,17 +10,20 @@ freed key to all, a handoff to the processes of the new holder and of the next w
 in line). The others follow: they connect, and read.
 
 Trust: the name carries the effective uid, and each side checks the other's uid
-(``SO_PEERCRED``): only a process of the same user may lead or follow, and such a
-process could read or write the follower's memory anyway. A name held by another user
-is not joined: that process keeps a stream of its own.
+(``SO_PEERCRED``): only a process of the same user may lead or follow. A name held by
+another user is not joined: that process keeps a stream of its own. A leader is still
+only a process, not the server: a follower takes a wake-up from it as it comes (the
+worst a false one costs is an attempt), but holds a lock handed to it only once the
+server has extended it (``acquiring._ready``), so that no peer can make it believe it
+holds a lock, or with what token.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
 once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream
 healthy from the moment it heard so (events after that reach it), and gives up on a
 leader silent for ``SILENCE`` seconds (stopped, or stuck): its waiters then fall back
 to their timers, as they do when any stream breaks, while the watcher leads or follows
-anew, or opens a stream of its own. A follower that cannot keep up (its socket buffer
-full) is dropped, and falls back the same way.
+anew, or opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes
+behind) is dropped, and falls back the same way.
 
 Only Linux has abstract sockets; elsewhere every process keeps its own stream.
 """
@@ -31,13 +34,14 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import socket
 import struct
 import sys
 import time
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import bson
@@ -68,6 +72,9 @@ SILENCE = 3.0
 HELLO_TIMEOUT = 1.0
 # No message of the relay comes near this; a longer frame means a broken peer.
 MAX_FRAME = 1 << 20
+# What a leader keeps for a follower its socket will not take yet (thousands of events,
+# a TTL sweep's): past that, the follower is dropped.
+BACKLOG = 4 << 20
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 # Every relay socket of this process. A child forked while one is open closes its copies:
@@ -106,9 +113,11 @@ class RelayLost(Exception):
 class Place:
     """Where the relay of one lock collection is found, and what its stream lets through.
 
-    ``prefix`` is what the holder ids of every process on this host start with (the
-    manager's ``OWNER``, else the host name): the leader's stream carries the
-    handoffs to all of them, and each follower gets those to its own.
+    ``prefix`` is what the holder ids of every process on this host start with: the
+    manager's ``OWNER``, else the host name (an ``OWNER`` shared by several hosts makes
+    each leader's stream carry the handoffs of all of them, a cost, not a miss). The
+    leader's stream carries the handoffs to all of them, and each follower gets those
+    to its own.
     """
 
     address: bytes
@@ -118,11 +127,16 @@ class Place:
 def place(url: str, database: str, collection: str, prefix: str) -> Place:
     """The relay of ``database.collection`` at ``url``, for this user and host prefix.
 
-    The URL (with any credentials) goes into the name through a hash only: abstract
-    socket names can be listed by anyone on the host.
+    Anyone on the host can list abstract socket names: the name holds a hash of the URL
+    without its credentials (a fast hash of a password could be guessed offline).
     """
-    digest = hashlib.sha256("\0".join((url, database, collection, prefix)).encode()).hexdigest()
+    where = _USERINFO.sub("//", url, count=1)
+    digest = hashlib.sha256("\0".join((where, database, collection, prefix)).encode()).hexdigest()
     return Place(f"\0django-mongolock/{os.geteuid()}/{digest[:32]}".encode(), prefix)
+
+
+# The ``user:password@`` of a MongoDB URL.
+_USERINFO = re.compile(r"//[^/?#]*@")
 
 
 def _peer_uid(sock: socket.socket) -> int:
@@ -199,17 +213,29 @@ def bind(where: Place) -> socket.socket | None:
 class _Member:
     sock: socket.socket
     prefix: str
+    # What the socket buffer would not take yet, sent before anything else.
+    backlog: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(slots=True)
+class _Newcomer:
+    sock: socket.socket
+    reader: _Reader
+    until: float
 
 
 class Leader:
     """The leading side: takes followers in, and passes the stream's events on.
 
-    Used by the watcher thread only (no lock): it admits new followers between events.
+    Used by the watcher thread only (no lock), between events; nothing here blocks it:
+    a newcomer's hello is read when it has come, and what a follower's socket buffer
+    will not take waits in its backlog, up to ``BACKLOG`` bytes.
     """
 
     def __init__(self, listener: socket.socket) -> None:
         self._listener = listener
         self._members: list[_Member] = []
+        self._newcomers: list[_Newcomer] = []
         self._healthy = False
         self._beat_at = 0.0
         self.dropped = 0
@@ -218,32 +244,57 @@ class Leader:
         return len(self._members)
 
     def admit(self) -> None:
-        """Take in every follower waiting to connect; tell each whether the stream is open."""
+        """Take in every follower that connected and said hello; tell each whether the
+        stream is open. A newcomer silent for ``HELLO_TIMEOUT`` is turned away."""
         while True:
             try:
-                sock, _ = self._listener.accept()
-                _tracked(sock)
+                sock = _tracked(self._listener.accept()[0])
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
                 logger.warning("relay: accept failed: %s", exc)
-                return
-            try:
-                if _peer_uid(sock) != os.geteuid():
-                    raise RelayLost("a process of another user")
-                hello, more = _read_first(sock, _Reader(CodecOptions()), HELLO_TIMEOUT)
-                prefix = hello.get("prefix")
-                if more:
-                    raise RelayLost("a follower spoke twice before it was answered")
-                if hello.get("t") != "hello" or not isinstance(prefix, str) or not prefix:
-                    raise RelayLost(f"not a follower's hello: {hello!r}")
-                sock.setblocking(False)
-                sock.sendall(_frame({"t": "h", "ok": self._healthy}))
-            except (RelayLost, OSError) as exc:
-                logger.info("relay: a follower was turned away: %s", exc)
+                break
+            if _peer_uid(sock) != os.geteuid():
+                logger.info("relay: a process of another user was turned away")
                 sock.close()
                 continue
-            self._members.append(_Member(sock, prefix))
+            sock.setblocking(False)
+            reader = _Reader(CodecOptions())
+            self._newcomers.append(_Newcomer(sock, reader, time.monotonic() + HELLO_TIMEOUT))
+        waiting = []
+        for newcomer in self._newcomers:
+            try:
+                member = self._greet(newcomer)
+            except (RelayLost, OSError) as exc:
+                logger.info("relay: a follower was turned away: %s", exc)
+                newcomer.sock.close()
+                continue
+            if member is None:
+                waiting.append(newcomer)
+            else:
+                self._members.append(member)
+        self._newcomers = waiting
+
+    def _greet(self, newcomer: _Newcomer) -> _Member | None:
+        """The follower ``newcomer`` becomes once its hello came (None: not yet)."""
+        try:
+            data = newcomer.sock.recv(4096)
+        except BlockingIOError:
+            if time.monotonic() > newcomer.until:
+                raise RelayLost("no hello in time") from None
+            return None
+        if not data:
+            raise RelayLost("closed before its hello")
+        messages = newcomer.reader.feed(data)
+        if not messages:
+            return None
+        hello, prefix = messages[0], messages[0].get("prefix")
+        if len(messages) > 1:
+            raise RelayLost("a follower spoke twice before it was answered")
+        if hello.get("t") != "hello" or not isinstance(prefix, str) or not prefix:
+            raise RelayLost(f"not a follower's hello: {hello!r}")
+        newcomer.sock.sendall(_frame({"t": "h", "ok": self._healthy}), socket.MSG_NOSIGNAL)
+        return _Member(newcomer.sock, prefix)
 
     def health(self, healthy: bool) -> None:
         """Tell every follower whether the stream is open (at once, when it changes)."""
@@ -262,29 +313,41 @@ class Leader:
         frame = _frame({"t": "e", "c": change})
         self._send(lambda member: frame if reaches(change, member.prefix) else None)
 
-    def _send(self, frame_for: Any) -> None:
+    def _send(self, frame_for: Callable[[_Member], bytes | None]) -> None:
         kept = []
         for member in self._members:
             frame = frame_for(member)
             if frame is not None:
-                try:
-                    sent = member.sock.send(frame)
-                except OSError:  # gone, or too slow: its socket buffer is full
-                    sent = -1
-                if sent != len(frame):
-                    # A part of a frame would garble the rest: the follower falls back.
-                    self.dropped += 1
-                    member.sock.close()
-                    continue
+                member.backlog += frame
+            if member.backlog and not self._flush(member):
+                # Gone, or so far behind that its waiters are better off on their own.
+                self.dropped += 1
+                logger.info("relay: a follower %s was dropped", member.prefix)
+                member.sock.close()
+                continue
             kept.append(member)
         self._members = kept
+
+    @staticmethod
+    def _flush(member: _Member) -> bool:
+        """Send what ``member``'s socket takes; False if it is gone or too far behind."""
+        try:
+            sent = member.sock.send(member.backlog, socket.MSG_NOSIGNAL)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return False
+        del member.backlog[:sent]
+        return len(member.backlog) <= BACKLOG
 
     def close(self) -> None:
         """Stop leading: the followers see the socket close and lead or follow anew."""
         self._listener.close()
         for member in self._members:
             member.sock.close()
-        self._members = []
+        for newcomer in self._newcomers:
+            newcomer.sock.close()
+        self._members, self._newcomers = [], []
 
 
 class Follower:
@@ -314,7 +377,7 @@ class Follower:
             sock.connect(where.address)
             if _peer_uid(sock) != os.geteuid():
                 raise Foreign(f"the relay's name is held by uid {_peer_uid(sock)}")
-            sock.sendall(_frame({"t": "hello", "prefix": prefix}))
+            sock.sendall(_frame({"t": "hello", "prefix": prefix}), socket.MSG_NOSIGNAL)
             reader = _Reader(codec)
             first, more = _read_first(sock, reader, HELLO_TIMEOUT)
             if first.get("t") != "h":

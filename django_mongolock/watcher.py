@@ -20,6 +20,7 @@ own, and fall back to one of their own when no leader answers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -138,7 +139,8 @@ class Watcher:
 
     @property
     def healthy(self) -> bool:
-        """True while a stream is open: a delete after ``healthy_since`` will be seen."""
+        """True while events reach this process (its stream, or its leader's, is open):
+        a delete after ``healthy_since`` will be seen."""
         return self._healthy_since is not None
 
     def healthy_since(self) -> float | None:
@@ -187,14 +189,15 @@ class Watcher:
         """Follow the leader at ``where`` (None: it did not answer, or is another user's)."""
         prefix = self._prefix_of()
         try:
-            return relay.Follower.join(where, prefix or where.prefix, self._codec())
+            # The codec of this process's client: events decode as its own stream's would.
+            codec = self._store_of().collection.codec_options
+            return relay.Follower.join(where, prefix or where.prefix, codec)
         except relay.Foreign as exc:
             self._alone = True
             logger.warning("%s: this process streams on its own", exc)
-            return None
-
-    def _codec(self) -> Any:
-        return self._store_of().collection.codec_options
+        except (PyMongoError, MongoLockError) as exc:
+            logger.debug("relay: no client to follow with: %s", exc)
+        return None
 
     def _run(self) -> None:
         progress = _Progress()
@@ -217,10 +220,11 @@ class Watcher:
                             follower = joined
                         if joined is not None or self._relay_place() is None:
                             break
-                        self._stop.wait(JOIN_PAUSE)
+                        if self._stop.wait(JOIN_PAUSE):
+                            return
                 if follower is not None:
                     joined, follower = follower, None
-                    if not self._follow(progress, joined, self._healthy_since):
+                    if not self._follow(progress, joined):
                         return
                     continue
                 outcome = self._stream(progress, where, leader)
@@ -233,10 +237,13 @@ class Watcher:
         finally:
             if leader is not None:
                 leader.close()  # the followers lead or follow anew
+            if follower is not None:
+                follower.close()
             with self._mutex:
                 self._healthy_since = None
                 self.role = None
                 self.leader = None
+            self.waiters.notify_all()
 
     def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
         """Lead the relay at ``where`` if nobody holds its name, else follow its leader
@@ -251,14 +258,23 @@ class Watcher:
             return relay.Leader(listener)
         return self._join(where)
 
-    def _follow(self, progress: _Progress, follower: relay.Follower, kept: float | None) -> bool:
+    def _follow(self, progress: _Progress, follower: relay.Follower) -> bool:
         """Read the leader's events until it is lost (True) or nobody has waited for a
-        while (False: the thread ends). ``kept``: since when events have been delivered
-        by a stream of this process's that the leader now takes over from."""
+        while (False: the thread ends).
+
+        The leader's events reach this process from its hello on; a stream of this
+        process's that it takes over from stopped a little before, and what came in
+        between is lost: the waiters look again now, as when any stream breaks.
+        """
         self.role = "follower"
-        self._healthy_since = kept if kept is not None and follower.healthy else None
-        if self._healthy_since is None and follower.healthy:
+        if self._healthy_since is not None:
+            self._healthy_since = None
+            self.waiters.notify_all()
+        if follower.healthy:
             self._healthy_since = clock.now()
+        # A stream this process leads later starts afresh, not from where its own stream
+        # stopped before it followed: its followers need nothing from before.
+        progress.resume_token = None
         try:
             while not self._stop.is_set() and not self._unfiltered:
                 for message in follower.read(MAX_AWAIT):
@@ -270,7 +286,7 @@ class Watcher:
                         elif self._healthy_since is None:
                             self._healthy_since = clock.now()
                     elif message.get("t") == "e":
-                        self._deliver(message["c"], None)
+                        self._deliver(message["c"], None, relayed=True)
                 if len(self.waiters):
                     progress.idle_since = clock.now()
                 elif clock.now() - progress.idle_since > IDLE_EXIT:
@@ -283,13 +299,19 @@ class Watcher:
             self.waiters.notify_all()
         return True
 
-    def _deliver(self, change: Mapping[str, Any], prefix: str | None) -> None:
+    def _deliver(
+        self, change: Mapping[str, Any], prefix: str | None, *, relayed: bool = False
+    ) -> None:
         """Wake the waiters ``change`` concerns (with ``prefix``: if it concerns this
-        process: a leader's stream carries the whole host's handoffs)."""
+        process: a leader's stream carries the whole host's handoffs). A ``relayed``
+        handoff came from another process: its waiter has the server confirm it."""
         self.events += 1
         if prefix is not None and not queries.reaches(change, prefix):
             return
-        if self.waiters.notify(change["documentKey"]["_id"], handoff_of(change)):
+        handoff = handoff_of(change)
+        if relayed and handoff is not None:
+            handoff = dataclasses.replace(handoff, relayed=True)
+        if self.waiters.notify(change["documentKey"]["_id"], handoff):
             # Let the woken waiter take the interpreter lock now, before this thread
             # goes on to ask for the next event.
             time.sleep(0)
@@ -306,8 +328,8 @@ class Watcher:
         Without one, ``where`` is a relay whose name was held but nobody answered: this
         process tries to lead or follow it again every ``RELAY_RETRY`` seconds.
         """
-        # Set when the stream is closed only to be opened again from where it stopped, or
-        # handed over to a leader that was joined while it ran: waiters miss nothing.
+        # Set when the stream is closed only to be opened again from where it stopped
+        # (with another filter, or to lead): waiters miss nothing.
         reopened = False
         handover: relay.Follower | relay.Leader | None = None
         retry_at = clock.now() + RELAY_RETRY
@@ -317,6 +339,8 @@ class Watcher:
         try:
             store = self._store_of()
             self._reopen.clear()
+            if leader is not None and self._unfiltered:
+                return None  # a waiter with ids of its own came: no more relay
             if leader is not None and where is not None:
                 pipeline = queries.wakeups(where.prefix)
             else:
@@ -343,15 +367,17 @@ class Watcher:
                         leader.beat()
                     elif where is not None and clock.now() >= retry_at:
                         retry_at = clock.now() + RELAY_RETRY
-                        handover = self._lead_or_follow(where)
+                        where = self._relay_place()
+                        handover = None if where is None else self._lead_or_follow(where)
                         if isinstance(handover, relay.Follower) and not handover.healthy:
                             handover.close()
                             handover = None
-                        if handover is not None:
-                            # A leader's events reach us from now on, ours did up to now;
-                            # or this process leads, from where its stream stopped.
+                        if isinstance(handover, relay.Leader):
+                            # It leads, from where its own stream stopped: nothing lost.
                             reopened = True
                             break
+                        if handover is not None:
+                            break  # it follows (``_follow`` says what that costs)
                     change = stream.try_next()
                     progress.resume_token = stream.resume_token
                     if change is not None:
@@ -380,7 +406,7 @@ class Watcher:
                 self.waiters.notify_all()
                 if leader is not None:
                     leader.health(False)
-        if reopened or self._stop.is_set():
+        if handover is not None or reopened or self._stop.is_set():
             return handover
         pause = min(30.0, 0.5 * 2 ** min(progress.failures, 6)) * random.uniform(0.5, 1.0)
         end = clock.now() + pause

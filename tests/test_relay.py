@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import bson
 import pytest
 
-from django_mongolock import LockManager, queries
+from django_mongolock import LockManager, queries, relay
+from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
-from tests.waiting import lead_and_follow, streaming_as, until
+from tests.waiting import in_line, lead_and_follow, streaming_as, until
 
 
 def _wait(manager: LockManager, key: str, out: list[Any]) -> threading.Thread:
@@ -157,3 +161,136 @@ def test_a_waiter_with_ids_of_its_own_leaves_the_relay(
     thread.join(20)
     assert out, "the waiter with ids of its own was not woken"
     assert out[0][0].owner.startswith("custom-")
+    assert following.watcher.opened == 1  # it followed first, then opened its own
+
+
+class _FakeLeader:
+    """A process of the same user that holds the relay's name and says what it likes."""
+
+    def __init__(self, where: relay.Place) -> None:
+        listener = relay.bind(where)
+        assert listener is not None, "the relay's name is taken"
+        self._listener = listener
+        self._conn: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self._listener.setblocking(True)
+        self._listener.settimeout(30)
+        conn, _ = self._listener.accept()
+        conn.settimeout(5)
+        hello = conn.recv(4096)
+        assert bson.decode(hello)["t"] == "hello"
+        self._conn = conn
+        while not self._stop.is_set():
+            conn.sendall(bson.encode({"t": "h", "ok": True}))
+            self._stop.wait(0.5)
+
+    def send(self, change: dict[str, Any]) -> None:
+        until(lambda: self._conn is not None, 30, "the follower's hello")
+        assert self._conn is not None
+        self._conn.sendall(bson.encode({"t": "e", "c": change}))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self._conn is not None:
+            self._conn.close()
+        self._listener.close()
+
+
+def _handoff(key: str, owner: str, token: int) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    fields = {
+        "owner": owner,
+        "token": token,
+        "acquired_at": now,
+        "expires_at": now + timedelta(seconds=30),
+        "released_at": now,
+    }
+    return {
+        "operationType": "update",
+        "documentKey": {"_id": key},
+        "updateDescription": {"updatedFields": fields},
+    }
+
+
+def test_a_forged_handoff_gives_no_lock_and_a_true_one_is_confirmed(
+    shared: Callable[[], LockManager], manager: LockManager
+) -> None:
+    """A same-user process that holds the relay's name cannot make a waiter believe it
+    holds a lock: a relayed handoff counts only once the server has extended it."""
+    following = shared()
+    where = following._connection._relay()
+    assert where is not None
+    fake = _FakeLeader(where)
+    try:
+        following.watcher.ensure_running()
+        until(streaming_as(following.watcher, "follower"), 30, "following the fake leader")
+        holder = manager.acquire("forged", ttl=30)
+        out: list[Any] = []
+        thread = _wait(following, "forged", out)
+        in_line(manager, "forged", 1)
+        doc = manager.store.collection.find_one({"_id": "forged"})
+        assert doc is not None
+        first = doc["waiters"][0]["owner"]
+
+        fake.send(_handoff("forged", first, holder.token + 10**9))
+
+        # The server refused to extend a lease it never gave: the waiter goes on waiting
+        # under a new id, and holds nothing.
+        def renamed() -> bool:
+            doc = manager.store.collection.find_one({"_id": "forged"})
+            return doc is not None and any(w["owner"] != first for w in doc["waiters"])
+
+        until(renamed, 30, "the waiter waiting on under a new id")
+        assert not out
+        assert manager.store.find("forged").owner == holder.owner  # type: ignore[union-attr]
+
+        # A true handoff, relayed: the server confirms it and the waiter holds the lock.
+        # (Its old place would lapse within the grace period; it goes at once here.)
+        manager.store.leave("forged", first)
+        assert holder.release()
+        handed = manager.store.find("forged")
+        assert handed is not None
+        assert handed.owner != first
+        fake.send(_handoff("forged", handed.owner, handed.token))
+        thread.join(20)
+        assert out, "the waiter did not take the lock handed to it"
+        lock = out[0][0]
+        assert lock.token == handed.token
+    finally:
+        fake.close()
+
+
+def test_a_process_that_joins_a_leader_late_looks_again_rather_than_trust_the_gap(
+    shared: Callable[[], LockManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own stream stopped before the leader took it in: what came in between reached
+    neither, so its waiters look again and its stream counts from the leader's hello."""
+    monkeypatch.setattr(watching, "RELAY_RETRY", 1.0)
+    leading = shared()
+    leading.watcher.ensure_running()
+    until(streaming_as(leading.watcher, "leader"), 30, "leading")
+    real = relay.Follower.join
+    tries: list[int] = []
+
+    def late(*args: Any) -> relay.Follower | None:
+        tries.append(1)
+        return None if len(tries) <= watching.JOIN_TRIES else real(*args)
+
+    monkeypatch.setattr(relay.Follower, "join", late)
+    joining = shared()
+    joining.watcher.ensure_running()
+    until(streaming_as(joining.watcher, "own"), 30, "a stream of its own first")
+    own_since = joining.watcher.healthy_since()
+    assert own_since is not None
+    woken: list[int] = []
+    joining.waiters.notify_all = lambda: woken.append(1)  # type: ignore[method-assign]
+    until(streaming_as(joining.watcher, "follower"), 30, "following the leader")
+    since = joining.watcher.healthy_since()
+    assert since is not None
+    assert since > own_since
+    assert woken
