@@ -24,7 +24,7 @@ from django_mongolock.lock import Lock, LockBackend
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import LockStore
-from django_mongolock.waiters import AsyncWake, Waiters, Wake
+from django_mongolock.waiters import AsyncWake, Handoff, Waiters, Wake
 from django_mongolock.watcher import Watcher
 
 __all__ = ["ABANDONED", "Source", "aacquire", "acquire", "announce"]
@@ -124,10 +124,12 @@ def _wait(
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
-        handed = plan.handed(wake.handed)
+        told = wake.handed
+        handed = plan.handed(told)
+        if handed is not None and told is not None and told.relayed:
+            handed = plan.handed(_confirmed(told, store.find(plan.request.key)))
         if handed is not None:
-            confirm = wake.handed is not None and wake.handed.relayed
-            if (kept := _kept(store, plan, plan.sent_at, handed, keep, confirm)) is not None:
+            if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()
@@ -149,46 +151,41 @@ def _wait(
             _renamed(source, plan, wake)
 
 
+def _confirmed(told: Handoff, found: LockInfo | None) -> Handoff | None:
+    """The handoff another process ``told`` of, as the server has it (``found``: the key's
+    document, read after); None when the server holds no such lease.
+
+    A leader of a shared stream (``relay``) is a process, not the server: its word that
+    a release made this waiter the holder counts only with the document's, and the
+    lease's times are the document's.
+    """
+    if found is None or found.owner != told.owner or found.token != told.token:
+        return None
+    return Handoff(told.owner, found.token, found.acquired_at, found.expires_at, told.previous)
+
+
 def _kept(
-    store: LockStore,
-    plan: WaitPlan,
-    sent_at: float,
-    lease: LockInfo,
-    keep: bool,
-    confirm: bool = False,
+    store: LockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """``lease``, got while waiting, as the wait's answer (``_ready``); None when it is
-    found over, and the wait goes on as a new acquisition. ``confirm``: it was told by
-    another process, not by the server: the server extends it first, or finds it not ours."""
-    return _ready(store, plan.request, sent_at, first_lease(lease, plan.request), keep, confirm)
+    found over, and the wait goes on as a new acquisition."""
+    return _ready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
 
 
 async def _akept(
-    store: AsyncLockStore,
-    plan: WaitPlan,
-    sent_at: float,
-    lease: LockInfo,
-    keep: bool,
-    confirm: bool = False,
+    store: AsyncLockStore, plan: WaitPlan, sent_at: float, lease: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """``_kept`` for coroutines."""
-    first = first_lease(lease, plan.request)
-    return await _aready(store, plan.request, sent_at, first, keep, confirm)
+    return await _aready(store, plan.request, sent_at, first_lease(lease, plan.request), keep)
 
 
 def _ready(
-    store: LockStore,
-    request: Request,
-    sent_at: float,
-    first: LockInfo,
-    keep: bool,
-    confirm: bool = False,
+    store: LockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """A lease just got (its ``first_lease``), with when its request was sent, ready to
-    return: extended to the ttl asked for first when it ``must_extend`` (or must be
-    confirmed: the extension is the server's word that it is ours); None when that
+    return: extended to the ttl asked for first when it ``must_extend``; None when that
     finds it over."""
-    if not confirm and not must_extend(sent_at, first, request, clock.now(), keep=keep):
+    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
         return sent_at, first
     sent_at = clock.now()
     extended = store.refresh(
@@ -198,15 +195,10 @@ def _ready(
 
 
 async def _aready(
-    store: AsyncLockStore,
-    request: Request,
-    sent_at: float,
-    first: LockInfo,
-    keep: bool,
-    confirm: bool = False,
+    store: AsyncLockStore, request: Request, sent_at: float, first: LockInfo, keep: bool
 ) -> tuple[float, LockInfo] | None:
     """``_ready`` for coroutines."""
-    if not confirm and not must_extend(sent_at, first, request, clock.now(), keep=keep):
+    if not must_extend(sent_at, first, request, clock.now(), keep=keep):
         return sent_at, first
     sent_at = clock.now()
     extended = await store.refresh(
@@ -289,11 +281,12 @@ async def _await(
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
-        handed = plan.handed(wake.handed)
+        told = wake.handed
+        handed = plan.handed(told)
+        if handed is not None and told is not None and told.relayed:
+            handed = plan.handed(_confirmed(told, await store.find(plan.request.key)))
         if handed is not None:
-            confirm = wake.handed is not None and wake.handed.relayed
-            kept = await _akept(store, plan, plan.sent_at, handed, keep, confirm)
-            if kept is not None:
+            if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
         wake.clear()

@@ -13,9 +13,9 @@ Trust: the name carries the effective uid, and each side checks the other's uid
 (``SO_PEERCRED``): only a process of the same user may lead or follow. A name held by
 another user is not joined: that process keeps a stream of its own. A leader is still
 only a process, not the server: a follower takes a wake-up from it as it comes (the
-worst a false one costs is an attempt), but holds a lock handed to it only once the
-server has extended it (``acquiring._ready``), so that no peer can make it believe it
-holds a lock, or with what token.
+worst a false one costs is an attempt), but holds a lock handed to it only once it has
+read that lease in the server's document (``acquiring._confirmed``), so that no peer
+can make it believe it holds a lock, or with what token.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
 once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -16,7 +17,7 @@ import pytest
 from django_mongolock import LockManager, queries, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
-from tests.waiting import in_line, lead_and_follow, streaming_as, until
+from tests.waiting import count_attempts, in_line, lead_and_follow, streaming_as, until
 
 
 def _wait(manager: LockManager, key: str, out: list[Any]) -> threading.Thread:
@@ -237,30 +238,30 @@ def test_a_forged_handoff_gives_no_lock_and_a_true_one_is_confirmed(
         assert doc is not None
         first = doc["waiters"][0]["owner"]
 
+        attempts = count_attempts(following)
         fake.send(_handoff("forged", first, holder.token + 10**9))
 
-        # The server refused to extend a lease it never gave: the waiter goes on waiting
-        # under a new id, and holds nothing.
-        def renamed() -> bool:
-            doc = manager.store.collection.find_one({"_id": "forged"})
-            return doc is not None and any(w["owner"] != first for w in doc["waiters"])
-
-        until(renamed, 30, "the waiter waiting on under a new id")
+        # The document names another holder: the waiter takes the event for a wake-up,
+        # tries (the key is busy), and holds nothing.
+        until(lambda: attempts, 30, "an attempt after the forged handoff")
         assert not out
-        assert manager.store.find("forged").owner == holder.owner  # type: ignore[union-attr]
+        found = manager.store.find("forged")
+        assert found is not None
+        assert found.owner == holder.owner
 
-        # A true handoff, relayed: the server confirms it and the waiter holds the lock.
-        # (Its old place would lapse within the grace period; it goes at once here.)
-        manager.store.leave("forged", first)
+        # A true handoff, relayed: the document confirms it and the waiter holds the lock
+        # without an attempt of its own.
         assert holder.release()
         handed = manager.store.find("forged")
         assert handed is not None
-        assert handed.owner != first
+        assert handed.owner == first
+        tried = len(attempts)
         fake.send(_handoff("forged", handed.owner, handed.token))
         thread.join(20)
         assert out, "the waiter did not take the lock handed to it"
         lock = out[0][0]
         assert lock.token == handed.token
+        assert len(attempts) == tried
     finally:
         fake.close()
 
@@ -294,3 +295,36 @@ def test_a_process_that_joins_a_leader_late_looks_again_rather_than_trust_the_ga
     assert since is not None
     assert since > own_since
     assert woken
+
+
+def test_a_coroutine_takes_a_relayed_handoff_once_the_document_confirms_it(
+    shared: Callable[[], LockManager], manager: LockManager
+) -> None:
+    _, following = lead_and_follow(shared)
+    holder = manager.acquire("async-relayed", ttl=30)
+    confirmed: list[Any] = []
+
+    async def wait() -> Any:
+        store = await following.astore()
+        real = store.find
+
+        async def find(key: str) -> Any:
+            found = await real(key)
+            confirmed.append(found)
+            return found
+
+        store.find = find  # type: ignore[method-assign]
+        return await following.aacquire("async-relayed", timeout=30)
+
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(asyncio.run(wait())))
+    thread.start()
+    in_line(manager, "async-relayed", 1)
+    assert holder.release()
+    thread.join(30)
+    assert out, "the coroutine did not take the lock"
+    lock = out[0]
+    assert lock.token > holder.token
+    # It learnt of the handoff from its leader, and read the document to be sure.
+    assert [found.token for found in confirmed] == [lock.token]
+    assert lock.release()

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from django_mongolock import Lock, LockManager
 from django_mongolock.watcher import Watcher
-from tests.waiting import stream_open
-
-
-def _counting(manager: LockManager) -> list[float]:
-    """Record the time of every acquire attempt the manager's store makes."""
-    store = manager.store
-    attempts: list[float] = []
-    real: Callable[..., Any] = store.acquire
-
-    def acquire(*args: Any, **kwargs: Any) -> Any:
-        attempts.append(time.monotonic())
-        return real(*args, **kwargs)
-
-    store.acquire = acquire  # type: ignore[method-assign]
-    return attempts
+from tests.waiting import count_attempts, stream_open
 
 
 def _wait_in_thread(
@@ -54,7 +39,7 @@ def test_a_waiter_wakes_on_release_without_polling(
     # The stream opens first: attempts made while a slow server opens it back off, as
     # they must, and are not what this test counts.
     stream_open(other)
-    attempts = _counting(other)
+    attempts = count_attempts(other)
     thread, result = _wait_in_thread(other, "stream", timeout=20)
     time.sleep(2.0)
     tries_while_waiting = len(attempts)
@@ -80,7 +65,7 @@ def test_a_release_wakes_only_the_waiters_of_that_key(
     first = manager.acquire("key-a", ttl=30)
     second = manager.acquire("key-b", ttl=30)
     stream_open(other)
-    attempts = _counting(other)
+    attempts = count_attempts(other)
     thread_a, result_a = _wait_in_thread(other, "key-a", timeout=20)
     # Its last attempt, at its timeout, comes well after the counted window.
     thread_b, result_b = _wait_in_thread(other, "key-b", timeout=8)
@@ -105,7 +90,7 @@ def test_waiters_still_acquire_when_the_stream_is_down(
 ) -> None:
     monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     holder = manager.acquire("no-stream", ttl=30)
-    attempts = _counting(other)
+    attempts = count_attempts(other)
     thread, result = _wait_in_thread(other, "no-stream", timeout=20)
     time.sleep(1.5)
     assert not other.watcher.healthy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django_mongolock import LockManager
 from django_mongolock.watcher import Watcher
@@ -54,3 +55,17 @@ def lead_and_follow(make: Callable[[], LockManager]) -> tuple[LockManager, LockM
     following.watcher.ensure_running()
     until(streaming_as(following.watcher, "follower"), 30, "following")
     return leading, following
+
+
+def count_attempts(manager: LockManager) -> list[float]:
+    """Record the time of every acquire attempt ``manager``'s store makes from now on."""
+    store = manager.store
+    attempts: list[float] = []
+    real: Callable[..., Any] = store.acquire
+
+    def acquire(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    store.acquire = acquire  # type: ignore[method-assign]
+    return attempts
