@@ -127,7 +127,7 @@ def _wait(
         told = wake.handed
         handed = plan.handed(told)
         if handed is not None and told is not None and told.relayed:
-            handed = plan.handed(_confirmed(told, store.find(plan.request.key)))
+            handed = plan.handed(_confirmed(told, store.current(plan.request.key)))
         if handed is not None:
             if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
@@ -284,7 +284,7 @@ async def _await(
         told = wake.handed
         handed = plan.handed(told)
         if handed is not None and told is not None and told.relayed:
-            handed = plan.handed(_confirmed(told, await store.find(plan.request.key)))
+            handed = plan.handed(_confirmed(told, await store.current(plan.request.key)))
         if handed is not None:
             if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept

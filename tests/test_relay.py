@@ -306,14 +306,14 @@ def test_a_coroutine_takes_a_relayed_handoff_once_the_document_confirms_it(
 
     async def wait() -> Any:
         store = await following.astore()
-        real = store.find
+        real = store.current
 
-        async def find(key: str) -> Any:
+        async def current(key: str) -> Any:
             found = await real(key)
             confirmed.append(found)
             return found
 
-        store.find = find  # type: ignore[method-assign]
+        store.current = current  # type: ignore[method-assign]
         return await following.aacquire("async-relayed", timeout=30)
 
     out: list[Any] = []
