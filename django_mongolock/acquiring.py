@@ -127,7 +127,12 @@ def _wait(
         told = wake.handed
         handed = plan.handed(told)
         if handed is not None and told is not None and told.relayed:
-            handed = plan.handed(_confirmed(told, store.current(plan.request.key)))
+            found = None
+            with contextlib.suppress(MongoLockError):  # unconfirmed: an attempt will tell
+                found = store.find(plan.request.key)
+            handed = plan.handed(_confirmed(told, found))
+            if handed is None:
+                plan.handoff = None  # no such handoff: nobody handed this waiter anything
         if handed is not None:
             if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
@@ -284,7 +289,12 @@ async def _await(
         told = wake.handed
         handed = plan.handed(told)
         if handed is not None and told is not None and told.relayed:
-            handed = plan.handed(_confirmed(told, await store.current(plan.request.key)))
+            found = None
+            with contextlib.suppress(MongoLockError):  # unconfirmed: an attempt will tell
+                found = await store.find(plan.request.key)
+            handed = plan.handed(_confirmed(told, found))
+            if handed is None:
+                plan.handoff = None  # see _wait
         if handed is not None:
             if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept

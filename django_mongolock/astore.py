@@ -150,12 +150,10 @@ class AsyncLockStore:
                     return True
             return False
 
-    async def current(self, key: str) -> LockInfo | None:
-        """The document of ``key`` as the primary has it now (see ``LockStore.current``)."""
+    async def find(self, key: str) -> LockInfo | None:
+        """The document of ``key`` (live or expired), read at majority."""
         with self._translate:
-            doc = await self.collection.with_options(read_concern=ReadConcern("local")).find_one(
-                queries.find(key), projection=queries.PROJECTION
-            )
+            doc = await self.collection.find_one(queries.find(key), projection=queries.PROJECTION)
         return None if doc is None else LockInfo.from_document(doc)
 
     async def close(self) -> None:

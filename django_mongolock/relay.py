@@ -75,6 +75,8 @@ MAX_FRAME = 1 << 20
 # What a leader keeps for a follower its socket will not take yet (thousands of events,
 # a TTL sweep's): past that, the follower is dropped.
 BACKLOG = 4 << 20
+# Connections a leader takes in between two events, at most.
+ADMIT_AT_ONCE = 64
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 # Every relay socket of this process. A child forked while one is open closes its copies:
@@ -246,7 +248,7 @@ class Leader:
     def admit(self) -> None:
         """Take in every follower that connected and said hello; tell each whether the
         stream is open. A newcomer silent for ``HELLO_TIMEOUT`` is turned away."""
-        while True:
+        for _ in range(ADMIT_AT_ONCE):
             try:
                 sock = _tracked(self._listener.accept()[0])
             except (BlockingIOError, InterruptedError):
@@ -277,11 +279,11 @@ class Leader:
 
     def _greet(self, newcomer: _Newcomer) -> _Member | None:
         """The follower ``newcomer`` becomes once its hello came (None: not yet)."""
+        if time.monotonic() > newcomer.until:
+            raise RelayLost("no hello in time")
         try:
             data = newcomer.sock.recv(4096)
         except BlockingIOError:
-            if time.monotonic() > newcomer.until:
-                raise RelayLost("no hello in time") from None
             return None
         if not data:
             raise RelayLost("closed before its hello")
@@ -312,6 +314,11 @@ class Leader:
         """Send ``change`` to the followers it concerns (``queries.changes.reaches``)."""
         frame = _frame({"t": "e", "c": change})
         self._send(lambda member: frame if reaches(change, member.prefix) else None)
+
+    def flush(self) -> None:
+        """Send on what followers' sockets would not take before (between events)."""
+        if any(member.backlog for member in self._members):
+            self._send(lambda member: None)
 
     def _send(self, frame_for: Callable[[_Member], bytes | None]) -> None:
         kept = []
@@ -371,7 +378,11 @@ class Follower:
     def join(cls, where: Place, prefix: str, codec: CodecOptions[Any]) -> Follower | None:
         """Connect to the leader at ``where`` (None: nobody leads there, or it did not
         answer in time); ``prefix`` says which handoffs are this process's."""
-        sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        try:
+            sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        except OSError as exc:
+            logger.debug("relay: could not follow: %s", exc)
+            return None
         try:
             sock.settimeout(HELLO_TIMEOUT)
             sock.connect(where.address)

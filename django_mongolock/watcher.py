@@ -251,7 +251,6 @@ class Watcher:
         try:
             listener = relay.bind(where)
         except OSError as exc:
-            self._alone = True
             logger.warning("relay: cannot bind its socket, this process streams alone: %s", exc)
             return None
         if listener is not None:
@@ -262,14 +261,11 @@ class Watcher:
         """Read the leader's events until it is lost (True) or nobody has waited for a
         while (False: the thread ends).
 
-        The leader's events reach this process from its hello on; a stream of this
-        process's that it takes over from stopped a little before, and what came in
-        between is lost: the waiters look again now, as when any stream breaks.
+        The leader's events reach this process from its hello on (a stream of this
+        process's that it takes over from stopped a little before: ``_stream`` told its
+        waiters to look again, as when any stream breaks).
         """
         self.role = "follower"
-        if self._healthy_since is not None:
-            self._healthy_since = None
-            self.waiters.notify_all()
         if follower.healthy:
             self._healthy_since = clock.now()
         # A stream this process leads later starts afresh, not from where its own stream
@@ -286,7 +282,10 @@ class Watcher:
                         elif self._healthy_since is None:
                             self._healthy_since = clock.now()
                     elif message.get("t") == "e":
-                        self._deliver(message["c"], None, relayed=True)
+                        change = message.get("c")
+                        if not isinstance(change, dict) or "documentKey" not in change:
+                            raise relay.RelayLost(f"not an event: {message!r:.200}")
+                        self._deliver(change, None, relayed=True)
                 if len(self.waiters):
                     progress.idle_since = clock.now()
                 elif clock.now() - progress.idle_since > IDLE_EXIT:
@@ -330,7 +329,7 @@ class Watcher:
         """
         # Set when the stream is closed only to be opened again from where it stopped
         # (with another filter, or to lead): waiters miss nothing.
-        reopened = False
+        reopened = widened = False
         handover: relay.Follower | relay.Leader | None = None
         retry_at = clock.now() + RELAY_RETRY
         own = self._prefix_of()
@@ -360,10 +359,13 @@ class Watcher:
                 progress.failures = 0
                 while not self._stop.is_set() and stream.alive:
                     if self._reopen.is_set() and progress.resume_token is not None:
-                        reopened = True
+                        # Every handoff from now on; one the old filter kept out since
+                        # the waiter's last attempt is lost: its waiters look again.
+                        reopened = widened = True
                         break
                     if leader is not None:
                         leader.admit()
+                        leader.flush()
                         leader.beat()
                     elif where is not None and clock.now() >= retry_at:
                         retry_at = clock.now() + RELAY_RETRY
@@ -399,6 +401,9 @@ class Watcher:
             progress.failures += 1
             logger.exception("change stream failed")
         finally:
+            if widened:
+                self._healthy_since = None  # the next stream counts from its opening
+                self.waiters.notify_all()
             if not reopened:
                 self._healthy_since = None
                 # Waiters sleeping on the stream must switch to their back-off now, and
@@ -411,8 +416,9 @@ class Watcher:
         pause = min(30.0, 0.5 * 2 ** min(progress.failures, 6)) * random.uniform(0.5, 1.0)
         end = clock.now() + pause
         # A leader keeps its followers through the pause: they hear it is alive.
-        while (left := end - clock.now()) > 0 and not self._stop.wait(min(left, relay.HEARTBEAT)):
+        while (left := end - clock.now()) > 0 and not self._stop.wait(min(left, MAX_AWAIT)):
             if leader is not None:
                 leader.admit()
+                leader.flush()
                 leader.beat()
         return None

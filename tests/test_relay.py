@@ -174,6 +174,7 @@ class _FakeLeader:
         self._listener = listener
         self._conn: socket.socket | None = None
         self._stop = threading.Event()
+        self._sending = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -186,13 +187,15 @@ class _FakeLeader:
         assert bson.decode(hello)["t"] == "hello"
         self._conn = conn
         while not self._stop.is_set():
-            conn.sendall(bson.encode({"t": "h", "ok": True}))
+            with self._sending:
+                conn.sendall(bson.encode({"t": "h", "ok": True}))
             self._stop.wait(0.5)
 
     def send(self, change: dict[str, Any]) -> None:
         until(lambda: self._conn is not None, 30, "the follower's hello")
         assert self._conn is not None
-        self._conn.sendall(bson.encode({"t": "e", "c": change}))
+        with self._sending:
+            self._conn.sendall(bson.encode({"t": "e", "c": change}))
 
     def close(self) -> None:
         self._stop.set()
@@ -222,7 +225,7 @@ def test_a_forged_handoff_gives_no_lock_and_a_true_one_is_confirmed(
     shared: Callable[[], LockManager], manager: LockManager
 ) -> None:
     """A same-user process that holds the relay's name cannot make a waiter believe it
-    holds a lock: a relayed handoff counts only once the server has extended it."""
+    holds a lock: a relayed handoff counts only once the lock's document says so."""
     following = shared()
     where = following._connection._relay()
     assert where is not None
@@ -276,11 +279,10 @@ def test_a_process_that_joins_a_leader_late_looks_again_rather_than_trust_the_ga
     leading.watcher.ensure_running()
     until(streaming_as(leading.watcher, "leader"), 30, "leading")
     real = relay.Follower.join
-    tries: list[int] = []
+    answering = threading.Event()
 
     def late(*args: Any) -> relay.Follower | None:
-        tries.append(1)
-        return None if len(tries) <= watching.JOIN_TRIES else real(*args)
+        return real(*args) if answering.is_set() else None
 
     monkeypatch.setattr(relay.Follower, "join", late)
     joining = shared()
@@ -290,6 +292,7 @@ def test_a_process_that_joins_a_leader_late_looks_again_rather_than_trust_the_ga
     assert own_since is not None
     woken: list[int] = []
     joining.waiters.notify_all = lambda: woken.append(1)  # type: ignore[method-assign]
+    answering.set()
     until(streaming_as(joining.watcher, "follower"), 30, "following the leader")
     since = joining.watcher.healthy_since()
     assert since is not None
@@ -306,14 +309,14 @@ def test_a_coroutine_takes_a_relayed_handoff_once_the_document_confirms_it(
 
     async def wait() -> Any:
         store = await following.astore()
-        real = store.current
+        real = store.find
 
-        async def current(key: str) -> Any:
+        async def find(key: str) -> Any:
             found = await real(key)
             confirmed.append(found)
             return found
 
-        store.current = current  # type: ignore[method-assign]
+        store.find = find  # type: ignore[method-assign]
         return await following.aacquire("async-relayed", timeout=30)
 
     out: list[Any] = []

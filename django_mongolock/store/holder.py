@@ -10,13 +10,10 @@ from typing import Any
 import pymongo
 from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, PyMongoError
-from pymongo.read_concern import ReadConcern
 
 from django_mongolock import mongo, queries
 from django_mongolock.info import LockInfo
 from django_mongolock.store.base import StoreBase
-
-_LATEST = ReadConcern("local")
 
 __all__ = ["HolderQueries"]
 
@@ -126,16 +123,6 @@ class HolderQueries(StoreBase):
             return None
         info = LockInfo.from_document(doc)
         return info.as_holder(owner) if shared else info
-
-    def current(self, key: str) -> LockInfo | None:
-        """The document of ``key`` as the primary has it now, to confirm a handoff that
-        another process told of (``acquiring._confirmed``). The change stream reported the
-        handoff once a majority had it; a majority read may not see it yet."""
-        with self._translate:
-            doc = self.collection.with_options(read_concern=_LATEST).find_one(
-                queries.find(key), projection=queries.PROJECTION
-            )
-        return None if doc is None else LockInfo.from_document(doc)
 
     def release(
         self, key: str, owner: str, token: int, *, shared: bool = False, contended: bool = False
