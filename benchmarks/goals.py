@@ -249,15 +249,17 @@ def safety(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "lost": int(row["lost"]),
                 }
             )
-    for point in results.get("scale", {}).get("processes", {}).get("points", {}).values():
-        rows.append(
-            {
-                "workload": f"scale, {point['waiters']} processes",
-                "contender": OURS,
-                "overlaps": int(point["overlaps"]),
-                "lost": int(point["lost"]),
-            }
-        )
+    scale = results.get("scale", {})
+    for shape, named in (("processes", "processes"), ("relay", "processes, shared stream")):
+        for point in scale.get(shape, {}).get("points", {}).values():
+            rows.append(
+                {
+                    "workload": f"scale, {point['waiters']} {named}",
+                    "contender": OURS,
+                    "overlaps": int(point["overlaps"]),
+                    "lost": int(point["lost"]),
+                }
+            )
     if "refresh" in results:
         rows.append(
             {

@@ -24,7 +24,7 @@ from django_mongolock.lock import Lock, LockBackend
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import LockStore
-from django_mongolock.waiters import AsyncWake, Handoff, Waiters, Wake
+from django_mongolock.waiters import AsyncWake, Waiters, Wake
 from django_mongolock.watcher import Watcher
 
 __all__ = ["ABANDONED", "Source", "aacquire", "acquire", "announce"]
@@ -124,15 +124,7 @@ def _wait(
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
-        told = wake.handed
-        handed = plan.handed(told)
-        if handed is not None and told is not None and told.relayed:
-            found = None
-            with contextlib.suppress(MongoLockError):  # unconfirmed: an attempt will tell
-                found = store.find(plan.request.key)
-            handed = plan.handed(_confirmed(told, found))
-            if handed is None:
-                plan.handoff = None  # no such handoff: nobody handed this waiter anything
+        handed = plan.handed(wake.handed)
         if handed is not None:
             if (kept := _kept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept
@@ -154,19 +146,6 @@ def _wait(
             if (kept := _kept(store, plan, sent_at, mine, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
-
-
-def _confirmed(told: Handoff, found: LockInfo | None) -> Handoff | None:
-    """The handoff another process ``told`` of, as the server has it (``found``: the key's
-    document, read after); None when the server holds no such lease.
-
-    A leader of a shared stream (``relay``) is a process, not the server: its word that
-    a release made this waiter the holder counts only with the document's, and the
-    lease's times are the document's.
-    """
-    if found is None or found.owner != told.owner or found.token != told.token:
-        return None
-    return Handoff(told.owner, found.token, found.acquired_at, found.expires_at, told.previous)
 
 
 def _kept(
@@ -286,15 +265,7 @@ async def _await(
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
-        told = wake.handed
-        handed = plan.handed(told)
-        if handed is not None and told is not None and told.relayed:
-            found = None
-            with contextlib.suppress(MongoLockError):  # unconfirmed: an attempt will tell
-                found = await store.find(plan.request.key)
-            handed = plan.handed(_confirmed(told, found))
-            if handed is None:
-                plan.handoff = None  # see _wait
+        handed = plan.handed(wake.handed)
         if handed is not None:
             if (kept := await _akept(store, plan, plan.sent_at, handed, keep)) is not None:
                 return kept

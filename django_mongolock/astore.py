@@ -150,11 +150,5 @@ class AsyncLockStore:
                     return True
             return False
 
-    async def find(self, key: str) -> LockInfo | None:
-        """The document of ``key`` (live or expired), read at majority."""
-        with self._translate:
-            doc = await self.collection.find_one(queries.find(key), projection=queries.PROJECTION)
-        return None if doc is None else LockInfo.from_document(doc)
-
     async def close(self) -> None:
         await self.client.close()

@@ -11,11 +11,14 @@ in line). The others follow: they connect, and read.
 
 Trust: the name carries the effective uid, and each side checks the other's uid
 (``SO_PEERCRED``): only a process of the same user may lead or follow. A name held by
-another user is not joined: that process keeps a stream of its own. A leader is still
-only a process, not the server: a follower takes a wake-up from it as it comes (the
-worst a false one costs is an attempt), but holds a lock handed to it only once it has
-read that lease in the server's document (``acquiring._confirmed``), so that no peer
-can make it believe it holds a lock, or with what token.
+another user is not joined: that process keeps a stream of its own. A process of the
+same user is not yet a leader to trust: a follower takes handoffs from it as it would
+from the server (it holds the lock, with the token it was told), so the leader proves,
+once per connection, that it reads the lock database. Both sides read a random secret
+kept next to the lock collection (``<collection>.relay``, made on first use); the
+follower sends a fresh nonce in its hello, and the leader answers with an HMAC of it
+under that secret (``proof``). A process without the database's credentials cannot
+answer, and is not followed: it could not have forged the lock's document either.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
 once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream
@@ -32,9 +35,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import logging
 import os
 import re
+import secrets
 import socket
 import struct
 import sys
@@ -51,14 +56,17 @@ from django_mongolock.queries.changes import reaches
 
 __all__ = [
     "HEARTBEAT",
+    "NONCE_BYTES",
     "SILENCE",
     "Follower",
     "Foreign",
     "Leader",
     "Place",
     "RelayLost",
+    "Unproven",
     "bind",
     "place",
+    "proof",
     "supported",
 ]
 
@@ -78,6 +86,8 @@ BACKLOG = 4 << 20
 # Connections a leader takes in between two events, at most.
 ADMIT_AT_ONCE = 64
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# A follower's nonce: fresh per connection, so that no answer can be replayed.
+NONCE_BYTES = 16
 
 # Every relay socket of this process. A child forked while one is open closes its copies:
 # a listener kept open by a child that never accepts would hold the name after its
@@ -109,6 +119,10 @@ class Foreign(Exception):
 
 class RelayLost(Exception):
     """The leader is gone, silent, or sent something unreadable."""
+
+
+class Unproven(Exception):
+    """The process at the relay's name could not prove it holds the relay secret."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +158,13 @@ _USERINFO = re.compile(r"//[^/?#]*@")
 def _peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
     return int(_CREDENTIALS.unpack(creds)[1])
+
+
+def proof(secret: bytes, address: bytes, nonce: bytes) -> bytes:
+    """What a leader at ``address`` answers a follower's ``nonce`` with: only a process
+    that read ``secret`` from the database can."""
+    message = b"django-mongolock relay\0" + address + b"\0" + nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
 def _frame(message: Mapping[str, Any]) -> bytes:
@@ -234,8 +255,10 @@ class Leader:
     will not take waits in its backlog, up to ``BACKLOG`` bytes.
     """
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, where: Place, secret: bytes) -> None:
         self._listener = listener
+        self._address = where.address
+        self._secret = secret
         self._members: list[_Member] = []
         self._newcomers: list[_Newcomer] = []
         self._healthy = False
@@ -290,12 +313,16 @@ class Leader:
         messages = newcomer.reader.feed(data)
         if not messages:
             return None
-        hello, prefix = messages[0], messages[0].get("prefix")
+        hello = messages[0]
+        prefix, nonce = hello.get("prefix"), hello.get("nonce")
         if len(messages) > 1:
             raise RelayLost("a follower spoke twice before it was answered")
         if hello.get("t") != "hello" or not isinstance(prefix, str) or not prefix:
-            raise RelayLost(f"not a follower's hello: {hello!r}")
-        newcomer.sock.sendall(_frame({"t": "h", "ok": self._healthy}), socket.MSG_NOSIGNAL)
+            raise RelayLost(f"not a follower's hello: {hello!r:.200}")
+        if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+            raise RelayLost("a follower's hello without its nonce")
+        answer = {"t": "h", "ok": self._healthy, "proof": proof(self._secret, self._address, nonce)}
+        newcomer.sock.sendall(_frame(answer), socket.MSG_NOSIGNAL)
         return _Member(newcomer.sock, prefix)
 
     def health(self, healthy: bool) -> None:
@@ -375,9 +402,13 @@ class Follower:
         self._heard_at = time.monotonic()
 
     @classmethod
-    def join(cls, where: Place, prefix: str, codec: CodecOptions[Any]) -> Follower | None:
+    def join(
+        cls, where: Place, prefix: str, codec: CodecOptions[Any], secret: bytes
+    ) -> Follower | None:
         """Connect to the leader at ``where`` (None: nobody leads there, or it did not
-        answer in time); ``prefix`` says which handoffs are this process's."""
+        answer in time); ``prefix`` says which handoffs are this process's. Foreign: the
+        name is another user's; Unproven: its holder does not know ``secret``."""
+        nonce = secrets.token_bytes(NONCE_BYTES)
         try:
             sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         except OSError as exc:
@@ -388,16 +419,22 @@ class Follower:
             sock.connect(where.address)
             if _peer_uid(sock) != os.geteuid():
                 raise Foreign(f"the relay's name is held by uid {_peer_uid(sock)}")
-            sock.sendall(_frame({"t": "hello", "prefix": prefix}), socket.MSG_NOSIGNAL)
+            hello = {"t": "hello", "prefix": prefix, "nonce": nonce}
+            sock.sendall(_frame(hello), socket.MSG_NOSIGNAL)
             reader = _Reader(codec)
             first, more = _read_first(sock, reader, HELLO_TIMEOUT)
             if first.get("t") != "h":
-                raise RelayLost(f"not a leader's hello: {first!r}")
+                raise RelayLost(f"not a leader's hello: {first!r:.200}")
+            told = first.get("proof")
+            if not isinstance(told, bytes) or not hmac.compare_digest(
+                told, proof(secret, where.address, nonce)
+            ):
+                raise Unproven("the relay's leader did not prove it knows the relay secret")
         except (OSError, RelayLost) as exc:
             sock.close()
             logger.debug("relay: could not follow: %s", exc)
             return None
-        except Foreign:
+        except (Foreign, Unproven):
             sock.close()
             raise
         return cls(sock, reader, bool(first.get("ok")), more)

@@ -28,8 +28,6 @@ class Handoff:
 
     ``expires_at`` is None when the event did not carry it (it was unchanged);
     ``previous`` (the holder that released it) is "" when the event did not say.
-    ``relayed``: it came from another process (``relay``), not from the server: the
-    waiter has the server confirm it before it holds the lock.
     """
 
     owner: str
@@ -37,7 +35,6 @@ class Handoff:
     acquired_at: datetime
     expires_at: datetime | None
     previous: str = ""
-    relayed: bool = False
 
 
 class _Wakeable(Protocol):

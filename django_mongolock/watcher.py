@@ -20,7 +20,6 @@ own, and fall back to one of their own when no leader answers.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import random
@@ -125,6 +124,8 @@ class Watcher:
         self._unfiltered = False
         # The relay's name is another user's, or cannot be bound: never lead or follow.
         self._alone = False
+        # The relay secret, read once (``relay_secret``): a leader proves it knows it.
+        self._secret: bytes | None = None
         self._reopen = threading.Event()
         self.pid = os.getpid()
         self._mutex = threading.Lock()
@@ -185,16 +186,36 @@ class Watcher:
             return None
         return self._relay_of()
 
-    def _join(self, where: relay.Place) -> relay.Follower | None:
-        """Follow the leader at ``where`` (None: it did not answer, or is another user's)."""
-        prefix = self._prefix_of()
+    def _relay_secret(self, *, again: bool = False) -> bytes | None:
+        """The relay secret, read from the database once (``again``: read anew)."""
+        if self._secret is None or again:
+            try:
+                self._secret = self._store_of().relay_secret()
+            except (PyMongoError, MongoLockError) as exc:
+                logger.warning("relay: no secret to lead or follow with: %s", exc)
+        return self._secret
+
+    def _join(self, where: relay.Place, secret: bytes) -> relay.Follower | None:
+        """Follow the leader at ``where`` (None: it did not answer, did not prove it knows
+        the secret, or is another user's)."""
+        prefix = self._prefix_of() or where.prefix
         try:
             # The codec of this process's client: events decode as its own stream's would.
             codec = self._store_of().collection.codec_options
-            return relay.Follower.join(where, prefix or where.prefix, codec)
+            try:
+                return relay.Follower.join(where, prefix, codec, secret)
+            except relay.Unproven:
+                # The secret was made anew since this process read it (its document was
+                # deleted)? Then the leader's is the new one: read it, and try once more.
+                fresh = self._relay_secret(again=True)
+                if fresh is None or fresh == secret:
+                    raise
+                return relay.Follower.join(where, prefix, codec, fresh)
         except relay.Foreign as exc:
             self._alone = True
             logger.warning("%s: this process streams on its own", exc)
+        except relay.Unproven as exc:
+            logger.warning("%s: this process streams on its own for now", exc)
         except (PyMongoError, MongoLockError) as exc:
             logger.debug("relay: no client to follow with: %s", exc)
         return None
@@ -248,14 +269,17 @@ class Watcher:
     def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
         """Lead the relay at ``where`` if nobody holds its name, else follow its leader
         (None: nobody answered, or this process must stream alone)."""
+        secret = self._relay_secret()
+        if secret is None:
+            return None
         try:
             listener = relay.bind(where)
         except OSError as exc:
             logger.warning("relay: cannot bind its socket, this process streams alone: %s", exc)
             return None
         if listener is not None:
-            return relay.Leader(listener)
-        return self._join(where)
+            return relay.Leader(listener, where, secret)
+        return self._join(where, secret)
 
     def _follow(self, progress: _Progress, follower: relay.Follower) -> bool:
         """Read the leader's events until it is lost (True) or nobody has waited for a
@@ -285,7 +309,7 @@ class Watcher:
                         change = message.get("c")
                         if not isinstance(change, dict) or "documentKey" not in change:
                             raise relay.RelayLost(f"not an event: {message!r:.200}")
-                        self._deliver(change, None, relayed=True)
+                        self._deliver(change, None)
                 if len(self.waiters):
                     progress.idle_since = clock.now()
                 elif clock.now() - progress.idle_since > IDLE_EXIT:
@@ -298,19 +322,13 @@ class Watcher:
             self.waiters.notify_all()
         return True
 
-    def _deliver(
-        self, change: Mapping[str, Any], prefix: str | None, *, relayed: bool = False
-    ) -> None:
+    def _deliver(self, change: Mapping[str, Any], prefix: str | None) -> None:
         """Wake the waiters ``change`` concerns (with ``prefix``: if it concerns this
-        process: a leader's stream carries the whole host's handoffs). A ``relayed``
-        handoff came from another process: its waiter has the server confirm it."""
+        process: a leader's stream carries the whole host's handoffs)."""
         self.events += 1
         if prefix is not None and not queries.reaches(change, prefix):
             return
-        handoff = handoff_of(change)
-        if relayed and handoff is not None:
-            handoff = dataclasses.replace(handoff, relayed=True)
-        if self.waiters.notify(change["documentKey"]["_id"], handoff):
+        if self.waiters.notify(change["documentKey"]["_id"], handoff_of(change)):
             # Let the woken waiter take the interpreter lock now, before this thread
             # goes on to ask for the next event.
             time.sleep(0)

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,8 +17,9 @@ import pytest
 
 from django_mongolock import LockManager, queries, relay
 from django_mongolock import watcher as watching
+from django_mongolock.exceptions import MongoLockError
 from django_mongolock.owners import host_prefix
-from tests.waiting import count_attempts, in_line, lead_and_follow, streaming_as, until
+from tests.waiting import Wait, count_attempts, in_line, lead_and_follow, streaming_as, until
 
 
 def _wait(manager: LockManager, key: str, out: list[Any]) -> threading.Thread:
@@ -36,16 +38,8 @@ def test_a_second_manager_follows_the_first_and_is_woken_through_it(
 ) -> None:
     _, following = lead_and_follow(shared)
     assert following.watcher.opened == 0  # no stream of its own
-    holder = manager.acquire("relayed", ttl=30)
-    out: list[Any] = []
-    thread = _wait(following, "relayed", out)
-    until(lambda: len(following.waiters) == 1, 30, "the waiter in line")
-    time.sleep(0.5)
-    assert holder.release()
-    thread.join(20)
-    assert out, "the follower's waiter was not woken"
-    assert out[0][0].token > holder.token
-    assert following.watcher.events >= 1
+    Wait(manager, following, "relayed").woken_by_release("follower")
+    assert following.watcher.opened == 0
 
 
 def _events(stream: Any, until_key: str) -> list[tuple[Any, ...]]:
@@ -149,30 +143,29 @@ def test_a_waiter_with_ids_of_its_own_leaves_the_relay(
 ) -> None:
     """Its handoffs could reach no relay (the leader's stream carries the host's ids only):
     its process streams every handoff on its own."""
-    leading, following = shared(), shared()
-    leading.watcher.ensure_running()
-    until(streaming_as(leading.watcher, "leader"), 30, "the role")
+    leading, following = lead_and_follow(shared)
     following.new_owner = lambda: f"custom-{time.monotonic_ns()}"  # type: ignore[method-assign]
-    holder = manager.acquire("own-ids", ttl=30)
-    out: list[Any] = []
-    thread = _wait(following, "own-ids", out)
+    wait = Wait(manager, following, "own-ids")
     until(streaming_as(following.watcher, "own"), 30, "the role")
-    until(lambda: len(following.waiters) == 1, 30, "the waiter in line")
-    assert holder.release()
-    thread.join(20)
-    assert out, "the waiter with ids of its own was not woken"
-    assert out[0][0].owner.startswith("custom-")
+    lock = wait.woken_by_release("own")
+    assert lock.owner.startswith("custom-")
     assert following.watcher.opened == 1  # it followed first, then opened its own
+    assert leading.watcher.role == "leader"
 
 
 class _FakeLeader:
-    """A process of the same user that holds the relay's name and says what it likes."""
+    """A process of the same user that holds the relay's name: it answers each hello
+    with a proof made with ``secret``, beats, and sends what it is told to."""
 
-    def __init__(self, where: relay.Place) -> None:
+    def __init__(self, where: relay.Place, secret: bytes) -> None:
         listener = relay.bind(where)
         assert listener is not None, "the relay's name is taken"
         self._listener = listener
+        self._where = where
+        self._secret = secret
         self._conn: socket.socket | None = None
+        self.hellos = 0
+        self.hung_up = 0
         self._stop = threading.Event()
         self._sending = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -180,22 +173,48 @@ class _FakeLeader:
 
     def _serve(self) -> None:
         self._listener.setblocking(True)
-        self._listener.settimeout(30)
-        conn, _ = self._listener.accept()
-        conn.settimeout(5)
-        hello = conn.recv(4096)
-        assert bson.decode(hello)["t"] == "hello"
-        self._conn = conn
+        self._listener.settimeout(0.2)
         while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                self._send({"t": "h", "ok": True})  # a heartbeat
+                continue
+            conn.settimeout(5)
+            hello = bson.decode(conn.recv(4096))
+            proof = relay.proof(self._secret, self._where.address, hello["nonce"])
+            conn.sendall(bson.encode({"t": "h", "ok": True, "proof": proof}))
+            self.hellos += 1
+            # A follower says nothing after its hello: what comes now is its hang-up.
+            conn.settimeout(0.5)
+            try:
+                hung_up = conn.recv(1) == b""
+            except TimeoutError:
+                hung_up = False
+            if hung_up:
+                self.hung_up += 1
+                conn.close()
+                continue
             with self._sending:
-                conn.sendall(bson.encode({"t": "h", "ok": True}))
-            self._stop.wait(0.5)
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = conn
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with self._sending:
+            if self._conn is None:
+                return
+            try:
+                self._conn.sendall(bson.encode(message))
+            except OSError:  # the follower hung up
+                self.hung_up += 1
+                self._conn.close()
+                self._conn = None
 
     def send(self, change: dict[str, Any]) -> None:
-        until(lambda: self._conn is not None, 30, "the follower's hello")
-        assert self._conn is not None
-        with self._sending:
-            self._conn.sendall(bson.encode({"t": "e", "c": change}))
+        until(lambda: self._conn is not None, 30, "a follower")
+        self._send({"t": "e", "c": change})
+        assert self._conn is not None, "the follower hung up"
 
     def close(self) -> None:
         self._stop.set()
@@ -221,50 +240,61 @@ def _handoff(key: str, owner: str, token: int) -> dict[str, Any]:
     }
 
 
-def test_a_forged_handoff_gives_no_lock_and_a_true_one_is_confirmed(
-    shared: Callable[[], LockManager], manager: LockManager
+def test_a_leader_that_does_not_know_the_relay_secret_is_not_followed(
+    shared: Callable[[], LockManager],
+    manager: LockManager,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A same-user process that holds the relay's name cannot make a waiter believe it
-    holds a lock: a relayed handoff counts only once the lock's document says so."""
+    """A same-user process that holds the relay's name but cannot read the lock database
+    cannot prove it leads: nobody follows it, so it can hand nobody a lock."""
+    monkeypatch.setattr(watching, "RELAY_RETRY", 60.0)  # no second round in the test
     following = shared()
     where = following._connection._relay()
     assert where is not None
-    fake = _FakeLeader(where)
+    fake = _FakeLeader(where, os.urandom(32))
+    try:
+        wait = Wait(manager, following, "unproven")
+        until(streaming_as(following.watcher, "own"), 30, "a stream of its own")
+        # Each of its tries to follow ended at the answer, before a word was relayed.
+        until(lambda: fake.hung_up == watching.JOIN_TRIES, 10, "the follower hanging up")
+        assert fake.hellos == watching.JOIN_TRIES
+        assert following.watcher.leader is None
+        assert following.watcher._alone is False  # it tries again later
+        assert any("did not prove" in r.getMessage() for r in caplog.records)
+        wait.woken_by_release("own")
+        assert fake.hellos == fake.hung_up == watching.JOIN_TRIES
+    finally:
+        fake.close()
+
+
+def test_a_leader_that_proves_it_knows_the_secret_is_believed(
+    shared: Callable[[], LockManager], manager: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proof is what a follower trusts: a handoff its leader relays is the lock, taken
+    without an attempt or a read of its own (as from its own stream)."""
+    monkeypatch.setattr(relay, "SILENCE", 30.0)
+    following = shared()
+    where = following._connection._relay()
+    assert where is not None
+    fake = _FakeLeader(where, manager.store.relay_secret())
     try:
         following.watcher.ensure_running()
-        until(streaming_as(following.watcher, "follower"), 30, "following the fake leader")
-        holder = manager.acquire("forged", ttl=30)
+        until(streaming_as(following.watcher, "follower"), 30, "following")
+        holder = manager.acquire("proven", ttl=30)
         out: list[Any] = []
-        thread = _wait(following, "forged", out)
-        in_line(manager, "forged", 1)
-        doc = manager.store.collection.find_one({"_id": "forged"})
-        assert doc is not None
-        first = doc["waiters"][0]["owner"]
-
+        thread = _wait(following, "proven", out)
+        in_line(manager, "proven", 1)
         attempts = count_attempts(following)
-        fake.send(_handoff("forged", first, holder.token + 10**9))
-
-        # The document names another holder: the waiter takes the event for a wake-up,
-        # tries (the key is busy), and holds nothing.
-        until(lambda: attempts, 30, "an attempt after the forged handoff")
-        assert not out
-        found = manager.store.find("forged")
-        assert found is not None
-        assert found.owner == holder.owner
-
-        # A true handoff, relayed: the document confirms it and the waiter holds the lock
-        # without an attempt of its own.
         assert holder.release()
-        handed = manager.store.find("forged")
+        handed = manager.store.find("proven")
         assert handed is not None
-        assert handed.owner == first
-        tried = len(attempts)
-        fake.send(_handoff("forged", handed.owner, handed.token))
+        fake.send(_handoff("proven", handed.owner, handed.token))
         thread.join(20)
         assert out, "the waiter did not take the lock handed to it"
-        lock = out[0][0]
-        assert lock.token == handed.token
-        assert len(attempts) == tried
+        assert out[0][0].token == handed.token
+        assert out[0][0].owner == handed.owner
+        assert attempts == []
     finally:
         fake.close()
 
@@ -300,23 +330,22 @@ def test_a_process_that_joins_a_leader_late_looks_again_rather_than_trust_the_ga
     assert woken
 
 
-def test_a_coroutine_takes_a_relayed_handoff_once_the_document_confirms_it(
+def test_a_coroutine_is_handed_a_lock_through_the_relay_without_an_attempt(
     shared: Callable[[], LockManager], manager: LockManager
 ) -> None:
     _, following = lead_and_follow(shared)
     holder = manager.acquire("async-relayed", ttl=30)
-    confirmed: list[Any] = []
+    attempts: list[float] = []
 
     async def wait() -> Any:
         store = await following.astore()
-        real = store.find
+        real = store.acquire
 
-        async def find(key: str) -> Any:
-            found = await real(key)
-            confirmed.append(found)
-            return found
+        async def acquire(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(time.monotonic())
+            return await real(*args, **kwargs)
 
-        store.find = find  # type: ignore[method-assign]
+        store.acquire = acquire  # type: ignore[method-assign]
         return await following.aacquire("async-relayed", timeout=30)
 
     out: list[Any] = []
@@ -328,6 +357,46 @@ def test_a_coroutine_takes_a_relayed_handoff_once_the_document_confirms_it(
     assert out, "the coroutine did not take the lock"
     lock = out[0]
     assert lock.token > holder.token
-    # It learnt of the handoff from its leader, and read the document to be sure.
-    assert [found.token for found in confirmed] == [lock.token]
+    # It joined the line with one attempt, and learnt of the handoff from its leader.
+    assert len(attempts) == 1
     assert lock.release()
+
+
+def test_a_follower_whose_secret_was_made_anew_reads_it_again_and_follows(
+    shared: Callable[[], LockManager], manager: LockManager
+) -> None:
+    """Its secret was read before the relay's document was deleted and made anew: the
+    leader's proof fails with it, so it reads the secret again, and follows."""
+    leading = shared()
+    leading.watcher.ensure_running()
+    until(streaming_as(leading.watcher, "leader"), 30, "leading")
+    joining = shared()
+    joining.watcher._secret = os.urandom(32)  # the one of before
+    joining.watcher.ensure_running()
+    until(streaming_as(joining.watcher, "follower"), 30, "following")
+    assert joining.watcher._secret == manager.store.relay_secret()
+    assert joining.watcher.opened == 0
+
+
+def test_every_process_reads_the_one_relay_secret(manager: LockManager) -> None:
+    """Made by whoever comes first, the same for all who race to make it."""
+    with ThreadPoolExecutor(8) as pool:
+        found = set(pool.map(lambda _: manager.store.relay_secret(), range(32)))
+    assert len(found) == 1
+    (secret,) = found
+    assert len(secret) == 32
+    assert manager.store.relay.count_documents({}) == 1
+
+
+def test_a_relay_secret_that_is_not_one_is_refused_and_the_process_streams_alone(
+    shared: Callable[[], LockManager], manager: LockManager
+) -> None:
+    manager.store.relay.insert_one({"_id": "secret", "secret": "guessable"})
+    with pytest.raises(MongoLockError, match="delete its document"):
+        manager.store.relay_secret()
+    alone = shared()
+    wait = Wait(manager, alone, "no-secret")
+    until(streaming_as(alone.watcher, "own"), 30, "a stream of its own")
+    wait.woken_by_release("own")
+    assert alone.watcher.leader is None
+    assert alone.watcher._secret is None

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import bson
 import pytest
@@ -31,7 +30,7 @@ import pytest
 from django_mongolock import LockManager, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
-from tests.waiting import in_line, lead_and_follow, streaming_as, until
+from tests.waiting import LEASE, Wait, lead_and_follow, streaming_as, until
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -41,15 +40,6 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 # Another user: the impostors and strangers run as ``nobody``.
 NOBODY = 65534
-# The holder's lease in the wake-up checks; a waiter woken by the stream is woken long before.
-LEASE = 30.0
-# How soon after a release a waiter woken by the stream must hold the lock (generous: a
-# loaded machine); polling would find it free too, which the attempt count rules out.
-WOKEN_WITHIN = 10.0
-# How long a waiter on a healthy stream is watched before the release: a waiter that
-# polled instead (back-off capped at half a second) would try about ten times in it.
-QUIET = 2.0
-QUIET_ATTEMPTS = 3
 
 
 class Agent:
@@ -116,14 +106,15 @@ def agents() -> Iterator[Callable[..., Agent]]:
         agent.end()
 
 
-def _following_an_agent(
+@pytest.fixture
+def led_by_agent(
     agents: Callable[..., Agent],
     shared: Callable[[], LockManager],
     manager: LockManager,
-    url: str,
+    mongolock_url: str,
 ) -> tuple[Agent, LockManager]:
     """An agent process that leads, and a manager here that follows it."""
-    leading = agents("lead", url, manager.database)
+    leading = agents("lead", mongolock_url, manager.database)
     assert leading.line() == "role leader"
     following = shared()
     following.watcher.ensure_running()
@@ -137,74 +128,14 @@ def _where(manager: LockManager) -> relay.Place:
     return relay.place(manager.url, manager.database, manager.collection, host_prefix(None))
 
 
-def _hello(prefix: str = "x:") -> bytes:
-    return bson.encode({"t": "hello", "prefix": prefix})
-
-
-class Wait:
-    """A thread of ``waiting`` blocked on ``key``, which ``holding`` holds for ``LEASE``.
-
-    Every acquire attempt of ``waiting``'s store is counted, so that a waiter woken by
-    the stream can be told from one that polls.
-    """
-
-    def __init__(self, holding: LockManager, waiting: LockManager, key: str) -> None:
-        self.waiting = waiting
-        self.key = key
-        self.attempts: list[float] = []
-        store = waiting.store
-        real: Callable[..., Any] = store.acquire
-
-        def acquire(*args: Any, **kwargs: Any) -> Any:
-            self.attempts.append(time.monotonic())
-            return real(*args, **kwargs)
-
-        store.acquire = acquire  # type: ignore[method-assign]
-        self.holder = holding.acquire(key, ttl=LEASE)
-        self.result: list[Any] = []
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-        in_line(holding, key, 1)
-
-    def _run(self) -> None:
-        try:
-            lock = self.waiting.acquire(self.key, timeout=LEASE)
-        except Exception as exc:  # reported to the test
-            self.result.append(exc)
-            return
-        self.result.append((lock.token, time.monotonic()))
-        lock.release()
-
-    def woken_by_release(self, role: str) -> None:
-        """Watch the waiter sleep, release, and check the stream woke it at once."""
-        watcher = self.waiting.watcher
-        assert streaming_as(watcher, role)(), (watcher.role, watcher.healthy)
-        before, events = len(self.attempts), watcher.events
-        time.sleep(QUIET)  # a window to count attempts in, not an assertion
-        quiet = len(self.attempts) - before
-        released_at = time.monotonic()
-        assert self.holder.release()
-        self.thread.join(LEASE + 10)
-        assert not self.thread.is_alive()
-        assert len(self.result) == 1
-        assert not isinstance(self.result[0], Exception), self.result[0]
-        token, acquired_at = self.result[0]
-        assert token > self.holder.token
-        # Woken by the event of the release, long before the lease would have ended,
-        # and without polling for it.
-        assert acquired_at - released_at < WOKEN_WITHIN
-        assert quiet <= QUIET_ATTEMPTS, f"{quiet} attempts in {QUIET:g} s: the waiter polled"
-        assert watcher.events > events
-        assert watcher.role == role
+def _hello(nonce: bytes = bytes(relay.NONCE_BYTES), prefix: str = "x:") -> bytes:
+    return bson.encode({"t": "hello", "prefix": prefix, "nonce": nonce})
 
 
 def test_a_follower_takes_over_when_its_leader_is_killed(
-    agents: Callable[..., Agent],
-    shared: Callable[[], LockManager],
-    manager: LockManager,
-    mongolock_url: str,
+    led_by_agent: tuple[Agent, LockManager], manager: LockManager
 ) -> None:
-    leading, following = _following_an_agent(agents, shared, manager, mongolock_url)
+    leading, following = led_by_agent
     opened = following.watcher.opened
 
     leading.signal(signal.SIGKILL)
@@ -225,12 +156,9 @@ def test_a_follower_takes_over_when_its_leader_is_killed(
 
 
 def test_a_follower_streams_on_its_own_when_its_leader_is_stopped(
-    agents: Callable[..., Agent],
-    shared: Callable[[], LockManager],
-    manager: LockManager,
-    mongolock_url: str,
+    led_by_agent: tuple[Agent, LockManager], manager: LockManager
 ) -> None:
-    leading, following = _following_an_agent(agents, shared, manager, mongolock_url)
+    leading, following = led_by_agent
     opened = following.watcher.opened
     # A waiter that sleeps on the leader's stream when it stops.
     wait = Wait(manager, following, "across-the-stop")
@@ -292,13 +220,16 @@ def test_a_leader_turns_away_a_process_of_another_user(
     assert stranger.line(30) in ("eof", "reset")
     assert len(leader) == 0
 
-    # The same hello from this user is answered and counted.
+    # The same hello from this user is answered (with the proof that the leader knows
+    # the relay secret) and counted.
+    nonce = os.urandom(relay.NONCE_BYTES)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as same:
         same.settimeout(10)
         same.connect(where.address)
-        same.sendall(_hello())
+        same.sendall(_hello(nonce))
         first = bson.decode_all(same.recv(4096))[0]
-        assert first == {"t": "h", "ok": True}
+        proof = relay.proof(manager.store.relay_secret(), where.address, nonce)
+        assert first == {"t": "h", "ok": True, "proof": proof}
         until(lambda: len(leader) == 1, 10, "the follower counted")
     Wait(manager, leading, "stranger").woken_by_release("leader")
 
@@ -449,11 +380,12 @@ def test_a_follower_joins_a_healthy_leader_at_any_moment(
     assert leading.line() == "role leader"
     where = _where(manager)
     codec = manager.store.collection.codec_options
+    secret = manager.store.relay_secret()
     caplog.set_level(logging.DEBUG, logger="django_mongolock.relay")
     failed = 0
     # Joins spread over three heartbeats of the leader: some come when a beat is due.
     for _ in range(JOINS):
-        joined = relay.Follower.join(where, "x:", codec)
+        joined = relay.Follower.join(where, "x:", codec, secret)
         if joined is None:
             failed += 1
         else:
@@ -465,12 +397,9 @@ def test_a_follower_joins_a_healthy_leader_at_any_moment(
 
 
 def test_a_follower_that_fell_back_leads_once_the_stopped_leader_is_gone(
-    agents: Callable[..., Agent],
-    shared: Callable[[], LockManager],
-    manager: LockManager,
-    mongolock_url: str,
+    led_by_agent: tuple[Agent, LockManager], manager: LockManager
 ) -> None:
-    leading, following = _following_an_agent(agents, shared, manager, mongolock_url)
+    leading, following = led_by_agent
     leading.signal(signal.SIGSTOP)
     until(streaming_as(following.watcher, "own"), relay.SILENCE + 20, "falling back to its own")
     leading.signal(signal.SIGKILL)

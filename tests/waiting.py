@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,3 +70,65 @@ def count_attempts(manager: LockManager) -> list[float]:
 
     store.acquire = acquire  # type: ignore[method-assign]
     return attempts
+
+
+# The holder's lease in ``Wait``; a waiter woken by the stream is woken long before.
+LEASE = 30.0
+# How soon after a release a waiter woken by the stream must hold the lock (generous: a
+# loaded machine); polling would find it free too, which the attempt count rules out.
+WOKEN_WITHIN = 10.0
+# How long a waiter on a healthy stream is watched before the release: a waiter that
+# polled instead (back-off capped at half a second) would try about ten times in it.
+QUIET = 2.0
+QUIET_ATTEMPTS = 3
+
+
+class Wait:
+    """A thread of ``waiting`` blocked on ``key``, which ``holding`` holds for ``LEASE``.
+
+    Every acquire attempt of ``waiting``'s store is counted, so that a waiter woken by
+    the stream can be told from one that polls.
+    """
+
+    def __init__(self, holding: LockManager, waiting: LockManager, key: str) -> None:
+        self.waiting = waiting
+        self.key = key
+        self.attempts = count_attempts(waiting)
+        self.holder = holding.acquire(key, ttl=LEASE)
+        self.result: list[Any] = []
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        in_line(holding, key, 1)
+
+    def _run(self) -> None:
+        try:
+            lock = self.waiting.acquire(self.key, timeout=LEASE)
+        except Exception as exc:  # reported to the test
+            self.result.append(exc)
+            return
+        self.result.append((lock, time.monotonic()))
+        lock.release()
+
+    def woken_by_release(self, role: str) -> Any:
+        """Watch the waiter sleep, release, and check the stream woke it at once; the
+        lock it got (released since)."""
+        watcher = self.waiting.watcher
+        assert streaming_as(watcher, role)(), (watcher.role, watcher.healthy)
+        before, events = len(self.attempts), watcher.events
+        time.sleep(QUIET)  # a window to count attempts in, not an assertion
+        quiet = len(self.attempts) - before
+        released_at = time.monotonic()
+        assert self.holder.release()
+        self.thread.join(LEASE + 10)
+        assert not self.thread.is_alive()
+        assert len(self.result) == 1
+        assert not isinstance(self.result[0], Exception), self.result[0]
+        lock, acquired_at = self.result[0]
+        assert lock.token > self.holder.token
+        # Woken by the event of the release, long before the lease would have ended,
+        # and without polling for it.
+        assert acquired_at - released_at < WOKEN_WITHIN
+        assert quiet <= QUIET_ATTEMPTS, f"{quiet} attempts in {QUIET:g} s: the waiter polled"
+        assert watcher.events > events
+        assert watcher.role == role
+        return lock

@@ -1,14 +1,17 @@
 """The side collections: process heartbeats (is a holder alive?), the audit trail of
-force releases (with the transaction that releases a lock and records it together), and
-the run requests of ``on_busy="coalesce"``."""
+force releases (with the transaction that releases a lock and records it together), the
+run requests of ``on_busy="coalesce"``, and the secret a shared stream's leader proves
+itself with."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import bson
 import pymongo
 from pymongo import ASCENDING, DESCENDING
 from pymongo.client_session import ClientSession
@@ -18,6 +21,7 @@ from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from django_mongolock import mongo, queries
+from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import AuditEntry, IndexAction, LockInfo, process_of
 from django_mongolock.queries import requests as run_requests
 from django_mongolock.store.base import StoreBase
@@ -27,6 +31,8 @@ __all__ = ["RecordQueries"]
 # How often a force release's transaction runs at most (conflicts, lost replies).
 _TRANSACTION_ATTEMPTS: Final = 5
 _UNAUTHORIZED: Final = 13
+# The size of a shared stream's secret (``relay_secret``); a shorter one is not ours.
+RELAY_SECRET_BYTES: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,33 @@ class RecordQueries(StoreBase):
     def requests(self) -> Collection[Any]:
         """Run requests of ``on_busy="coalesce"``, one document per key."""
         return self._side("requests")
+
+    @property
+    def relay(self) -> Collection[Any]:
+        """The secret of this collection's shared streams (``relay``), one document."""
+        return self._side("relay")
+
+    def relay_secret(self) -> bytes:
+        """The random secret a shared stream's leader proves it knows, made on first use.
+
+        Whoever can read it can read the lock database: a same-user process that cannot
+        is never followed. Every process reads the one document (an upsert that only
+        inserts, so the first writer's secret is everyone's).
+        """
+        with self._translate:
+            found = self.relay.find_one_and_update(
+                {"_id": "secret"},
+                {"$setOnInsert": {"secret": bson.Binary(os.urandom(RELAY_SECRET_BYTES))}},
+                upsert=True,
+                return_document=pymongo.ReturnDocument.AFTER,
+            )
+        secret = None if found is None else found.get("secret")
+        if not isinstance(secret, bytes) or len(secret) < RELAY_SECRET_BYTES:
+            raise MongoLockError(
+                f"{self.relay.full_name} holds no relay secret of {RELAY_SECRET_BYTES} bytes"
+                " or more: delete its document and a new one is made"
+            )
+        return secret
 
     def add_request(self, key: str) -> int:
         """Record one request for a run of ``key`` (durable once this returns); its number,
