@@ -4,8 +4,9 @@ Each agent is a real process with its own pymongo client, refresher and watcher,
 can kill it (SIGKILL), freeze it (SIGSTOP) or run it under libfaketime. Agents talk JSON
 lines: ``rpc`` answers one command per stdin line (and reports lost locks as they happen);
 ``contender`` and ``counter`` run a workload until told to stop, reporting every operation.
-Times are ``clock.now()`` (CLOCK_BOOTTIME, the clock of lock deadlines), comparable between
-the processes of one machine.
+With ``shared_stream`` in its config, an agent's manager shares one change stream with the
+other agents of the host (``SHARED_STREAM``). Times are ``clock.now()`` (CLOCK_BOOTTIME, the
+clock of lock deadlines), comparable between the processes of one machine.
 """
 
 from __future__ import annotations
@@ -44,9 +45,17 @@ from typing import Any, TextIO  # noqa: E402
 from pymongo import MongoClient  # noqa: E402
 from pymongo.errors import PyMongoError  # noqa: E402
 
-from django_mongolock import Lock, LockManager, LockNotAcquired, MongoLockError, clock  # noqa: E402
+from django_mongolock import (  # noqa: E402
+    Lock,
+    LockManager,
+    LockNotAcquired,
+    MongoLockError,
+    clock,
+    events,
+)
 from django_mongolock.refresher import get_refresher  # noqa: E402
 from tests.reliability.fenced import FencedResource  # noqa: E402
+from tests.waiting import count_attempts, stream_open  # noqa: E402
 
 __all__ = ["RESOURCE", "main"]
 
@@ -95,7 +104,15 @@ def _manager(config: dict[str, Any]) -> LockManager:
         database=config["database"],
         ttl=config.get("ttl", 30.0),
         server_selection_timeout=config["sst"],
+        shared_stream=config.get("shared_stream", False),
     )
+
+
+def _role(manager: LockManager) -> str | None:
+    """How wake-ups reach ``manager``'s waiters now: "leader", "follower" (of a relay) or
+    "own" stream; None while none reaches them."""
+    watcher = manager.watcher
+    return watcher.role if watcher.healthy else None
 
 
 # -- rpc: one command per line ----------------------------------------------------------------
@@ -249,6 +266,11 @@ class Rpc:
             "server": server.timestamp(),
             "monotonic": now(),
         }
+
+    def stream(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Open the change stream now, as a first waiter would (bounded): its role."""
+        stream_open(self.manager, timeout)
+        return {"role": _role(self.manager)}
 
     def refresher(self) -> dict[str, Any]:
         refresher = get_refresher()
@@ -413,18 +435,35 @@ def run_counter(config: dict[str, Any], out: Output) -> int:
     The counter is read, then written back plus one, so two overlapping sections lose an
     increment; entering creates a marker file with O_EXCL, which fails if another section
     is inside. The file also keeps the last token, which each holder must exceed.
+
+    Each section is reported as (entered, left, token, role): ``role`` says how wake-ups
+    reached this process then (``_role``). With ``shared_stream`` the stream opens before
+    ``ready``, which names the role the process took. The report also counts acquire
+    attempts, and lists the tokens of the handoffs a wake-up told of (a release named this
+    process's waiter the holder, and the event said so), not those an attempt found. The
+    manager stays open after ``done`` until the input ends: a relay's leader that ended
+    first would hand the relay to another process while the others still run.
     """
     directory = Path(config["directory"])
     counter = directory / "counter"
     marker = directory / "inside"
     manager = _manager(config)
+    attempts = count_attempts(manager)
+    told: list[int] = []
+    events.subscribe(
+        lambda e: told.append(e.token) if isinstance(e, events.Handoff) and e.from_owner else None
+    )
+    if manager.shared_stream:
+        stream_open(manager, 60.0)
     overlaps = regressions = sections = 0
-    out.emit({"event": "ready", "pid": os.getpid()})
+    log: list[tuple[float, float, int, str | None]] = []
+    out.emit({"event": "ready", "pid": os.getpid(), "role": _role(manager)})
     sys.stdin.readline()  # all start together
     started = now()
     try:
         for _ in range(config["rounds"]):
             with manager.lock(config["key"], timeout=config["acquire_timeout"]) as lock:
+                entered, role = now(), _role(manager)
                 try:
                     os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
                     alone = True
@@ -438,17 +477,22 @@ def run_counter(config: dict[str, Any], out: Output) -> int:
                 sections += 1
                 if alone:
                     marker.unlink()
+                log.append((entered, now(), lock.token, role))
+        out.emit(
+            {
+                "event": "done",
+                "sections": sections,
+                "overlaps": overlaps,
+                "regressions": regressions,
+                "seconds": now() - started,
+                "attempts": len(attempts),
+                "handoffs_told": told,
+                "log": log,
+            }
+        )
+        sys.stdin.readline()  # a relay's leader leads until the others are done too
     finally:
         manager.close()
-    out.emit(
-        {
-            "event": "done",
-            "sections": sections,
-            "overlaps": overlaps,
-            "regressions": regressions,
-            "seconds": now() - started,
-        }
-    )
     return 0
 
 
