@@ -12,13 +12,18 @@ in line). The others follow: they connect, and read.
 Trust: the name carries the effective uid, and each side checks the other's uid
 (``SO_PEERCRED``): only a process of the same user may lead or follow. A name held by
 another user is not joined: that process keeps a stream of its own. A process of the
-same user is not yet a leader to trust: a follower takes handoffs from it as it would
-from the server (it holds the lock, with the token it was told), so the leader proves,
-once per connection, that it reads the lock database. Both sides read a random secret
-kept next to the lock collection (``<collection>.relay``, made on first use); the
-follower sends a fresh nonce in its hello, and the leader answers with an HMAC of it
-under that secret (``proof``). A process without the database's credentials cannot
-answer, and is not followed: it could not have forged the lock's document either.
+same user is not yet a peer to trust: a follower takes handoffs from its leader as it
+would from the server (it holds the lock, with the token it was told). So both sides
+read a random secret kept next to the lock collection (``<collection>.relay``, made on
+first use), and each proves it knows it: the follower's hello carries a fresh nonce,
+the leader answers with one of its own and an HMAC of both under the secret, and the
+follower answers with its own HMAC (``proof``). Every frame the leader sends after
+that carries an HMAC, under a key of that connection (``session_key``), of the frame
+and its number: a process that passes a follower's nonce on to a true leader, and its
+answer back, can then delay what it passes on or cut it, but neither forge, change,
+drop nor reorder a frame without the follower noticing and leaving it. A process
+without the database's credentials can read the secret no more than it can write a
+lock's document. The frames are not encrypted.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
 once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream
@@ -56,6 +61,7 @@ from django_mongolock.queries.changes import reaches
 
 __all__ = [
     "HEARTBEAT",
+    "MAC_BYTES",
     "NONCE_BYTES",
     "SILENCE",
     "Follower",
@@ -67,6 +73,8 @@ __all__ = [
     "bind",
     "place",
     "proof",
+    "seal",
+    "session_key",
     "supported",
 ]
 
@@ -86,8 +94,10 @@ BACKLOG = 4 << 20
 # Connections a leader takes in between two events, at most.
 ADMIT_AT_ONCE = 64
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-# A follower's nonce: fresh per connection, so that no answer can be replayed.
+# Each side's nonce: fresh per connection, so that no answer can be replayed.
 NONCE_BYTES = 16
+# The HMAC after each sealed frame (SHA-256).
+MAC_BYTES = 32
 
 # Every relay socket of this process. A child forked while one is open closes its copies:
 # a listener kept open by a child that never accepts would hold the name after its
@@ -160,11 +170,25 @@ def _peer_uid(sock: socket.socket) -> int:
     return int(_CREDENTIALS.unpack(creds)[1])
 
 
-def proof(secret: bytes, address: bytes, nonce: bytes) -> bytes:
-    """What a leader at ``address`` answers a follower's ``nonce`` with: only a process
-    that read ``secret`` from the database can."""
-    message = b"django-mongolock relay\0" + address + b"\0" + nonce
-    return hmac.new(secret, message, hashlib.sha256).digest()
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.digest(key, b"".join(parts), "sha256")
+
+
+def proof(side: str, secret: bytes, address: bytes, follower: bytes, leader: bytes) -> bytes:
+    """The proof that the ``side`` ("leader" or "follower") of the connection at
+    ``address``, with the ``follower``'s nonce and the ``leader``'s, knows ``secret``
+    (each side's differs, so neither can be sent back as the other's)."""
+    return _mac(secret, b"django-mongolock relay ", side.encode(), b"\0", address, follower, leader)
+
+
+def session_key(secret: bytes, address: bytes, follower: bytes, leader: bytes) -> bytes:
+    """The key of the HMACs of one connection's frames (``seal``)."""
+    return _mac(secret, b"django-mongolock relay session\0", address, follower, leader)
+
+
+def seal(key: bytes, number: int, frame: bytes) -> bytes:
+    """``frame``, the ``number``-th the leader sends on a connection, and its HMAC."""
+    return frame + _mac(key, number.to_bytes(8, "little"), frame)
 
 
 def _frame(message: Mapping[str, Any]) -> bytes:
@@ -172,28 +196,42 @@ def _frame(message: Mapping[str, Any]) -> bytes:
 
 
 class _Reader:
-    """Splits a byte stream into BSON documents (each starts with its length)."""
+    """Splits a byte stream into BSON documents (each starts with its length); once
+    ``sealed``, each is followed by its HMAC, checked in order (``seal``)."""
 
-    __slots__ = ("_buffer", "_codec")
+    __slots__ = ("_buffer", "_codec", "_key", "_number")
 
     def __init__(self, codec: CodecOptions[Any]) -> None:
         self._buffer = bytearray()
         self._codec = codec
+        self._key: bytes | None = None
+        self._number = 0
+
+    def sealed(self, key: bytes) -> None:
+        """Check the HMAC of every frame from now on."""
+        self._key = key
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buffer += data
         messages = []
+        mac = 0 if self._key is None else MAC_BYTES
         while len(self._buffer) >= 4:
             size = int.from_bytes(self._buffer[:4], "little")
             if not 5 <= size <= MAX_FRAME:
                 raise RelayLost(f"unreadable frame of {size} bytes")
-            if len(self._buffer) < size:
+            if len(self._buffer) < size + mac:
                 break
+            frame = bytes(self._buffer[:size])
+            if self._key is not None:
+                told = bytes(self._buffer[size : size + mac])
+                if not hmac.compare_digest(told, seal(self._key, self._number, frame)[size:]):
+                    raise RelayLost(f"frame {self._number} is not the leader's")
+                self._number += 1
             try:
-                messages.append(bson.decode(bytes(self._buffer[:size]), codec_options=self._codec))
+                messages.append(bson.decode(frame, codec_options=self._codec))
             except (bson.errors.BSONError, ValueError) as exc:
                 raise RelayLost(f"unreadable frame: {exc}") from exc
-            del self._buffer[:size]
+            del self._buffer[: size + mac]
         return messages
 
 
@@ -201,7 +239,7 @@ def _read_first(
     sock: socket.socket, reader: _Reader, timeout: float
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The first message on ``sock`` within ``timeout`` seconds, and any that came with it
-    (a leader may send a heartbeat or an event right after its hello)."""
+    (a leader may send a heartbeat or an event right after its first word)."""
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         sock.settimeout(left)
@@ -236,8 +274,14 @@ def bind(where: Place) -> socket.socket | None:
 class _Member:
     sock: socket.socket
     prefix: str
+    key: bytes  # of the HMACs of what it is sent (``seal``)
     # What the socket buffer would not take yet, sent before anything else.
     backlog: bytearray = field(default_factory=bytearray)
+    sent: int = 0  # frames sealed for it so far
+
+    def add(self, frame: bytes) -> None:
+        self.backlog += seal(self.key, self.sent, frame)
+        self.sent += 1
 
 
 @dataclass(slots=True)
@@ -245,6 +289,10 @@ class _Newcomer:
     sock: socket.socket
     reader: _Reader
     until: float
+    # Set by its hello: which handoffs are its, and the two nonces.
+    prefix: str = ""
+    theirs: bytes = b""
+    ours: bytes = b""
 
 
 class Leader:
@@ -258,7 +306,8 @@ class Leader:
     def __init__(self, listener: socket.socket, where: Place, secret: bytes) -> None:
         self._listener = listener
         self._address = where.address
-        self._secret = secret
+        self.secret = secret
+        self.closed = False
         self._members: list[_Member] = []
         self._newcomers: list[_Newcomer] = []
         self._healthy = False
@@ -301,29 +350,51 @@ class Leader:
         self._newcomers = waiting
 
     def _greet(self, newcomer: _Newcomer) -> _Member | None:
-        """The follower ``newcomer`` becomes once its hello came (None: not yet)."""
+        """The follower ``newcomer`` becomes once its hello came, was answered, and its
+        proof came (None: not yet)."""
         if time.monotonic() > newcomer.until:
-            raise RelayLost("no hello in time")
+            raise RelayLost("no hello and proof in time")
         try:
             data = newcomer.sock.recv(4096)
         except BlockingIOError:
             return None
         if not data:
-            raise RelayLost("closed before its hello")
+            raise RelayLost("closed before its proof")
         messages = newcomer.reader.feed(data)
-        if not messages:
-            return None
-        hello = messages[0]
-        prefix, nonce = hello.get("prefix"), hello.get("nonce")
         if len(messages) > 1:
             raise RelayLost("a follower spoke twice before it was answered")
+        if not messages:
+            return None
+        if not newcomer.ours:
+            self._answer(newcomer, messages[0])
+            return None
+        told = messages[0].get("proof")
+        expected = proof("follower", self.secret, self._address, newcomer.theirs, newcomer.ours)
+        if messages[0].get("t") != "proof" or not isinstance(told, bytes):
+            raise RelayLost(f"not a follower's proof: {messages[0]!r:.200}")
+        if not hmac.compare_digest(told, expected):
+            raise RelayLost("a follower that does not know the relay secret")
+        key = session_key(self.secret, self._address, newcomer.theirs, newcomer.ours)
+        member = _Member(newcomer.sock, newcomer.prefix, key)
+        # Its first sealed word: whether the stream is open (it counts on nothing before).
+        member.add(_frame({"t": "h", "ok": self._healthy}))
+        if not self._flush(member):
+            raise RelayLost("its socket takes nothing")
+        return member
+
+    def _answer(self, newcomer: _Newcomer, hello: Mapping[str, Any]) -> None:
+        """Answer a follower's hello with this leader's nonce and proof."""
+        prefix, theirs = hello.get("prefix"), hello.get("nonce")
         if hello.get("t") != "hello" or not isinstance(prefix, str) or not prefix:
             raise RelayLost(f"not a follower's hello: {hello!r:.200}")
-        if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+        if not isinstance(theirs, bytes) or len(theirs) != NONCE_BYTES:
             raise RelayLost("a follower's hello without its nonce")
-        answer = {"t": "h", "ok": self._healthy, "proof": proof(self._secret, self._address, nonce)}
-        newcomer.sock.sendall(_frame(answer), socket.MSG_NOSIGNAL)
-        return _Member(newcomer.sock, prefix)
+        ours = secrets.token_bytes(NONCE_BYTES)
+        newcomer.prefix, newcomer.theirs, newcomer.ours = prefix, theirs, ours
+        newcomer.until = time.monotonic() + HELLO_TIMEOUT  # for its proof
+        said = proof("leader", self.secret, self._address, theirs, ours)
+        # A newcomer's socket buffer is empty: this small frame goes whole, at once.
+        newcomer.sock.sendall(_frame({"t": "a", "nonce": ours, "proof": said}), socket.MSG_NOSIGNAL)
 
     def health(self, healthy: bool) -> None:
         """Tell every follower whether the stream is open (at once, when it changes)."""
@@ -352,7 +423,7 @@ class Leader:
         for member in self._members:
             frame = frame_for(member)
             if frame is not None:
-                member.backlog += frame
+                member.add(frame)
             if member.backlog and not self._flush(member):
                 # Gone, or so far behind that its waiters are better off on their own.
                 self.dropped += 1
@@ -376,6 +447,7 @@ class Leader:
 
     def close(self) -> None:
         """Stop leading: the followers see the socket close and lead or follow anew."""
+        self.closed = True
         self._listener.close()
         for member in self._members:
             member.sock.close()
@@ -408,7 +480,6 @@ class Follower:
         """Connect to the leader at ``where`` (None: nobody leads there, or it did not
         answer in time); ``prefix`` says which handoffs are this process's. Foreign: the
         name is another user's; Unproven: its holder does not know ``secret``."""
-        nonce = secrets.token_bytes(NONCE_BYTES)
         try:
             sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         except OSError as exc:
@@ -419,17 +490,8 @@ class Follower:
             sock.connect(where.address)
             if _peer_uid(sock) != os.geteuid():
                 raise Foreign(f"the relay's name is held by uid {_peer_uid(sock)}")
-            hello = {"t": "hello", "prefix": prefix, "nonce": nonce}
-            sock.sendall(_frame(hello), socket.MSG_NOSIGNAL)
             reader = _Reader(codec)
-            first, more = _read_first(sock, reader, HELLO_TIMEOUT)
-            if first.get("t") != "h":
-                raise RelayLost(f"not a leader's hello: {first!r:.200}")
-            told = first.get("proof")
-            if not isinstance(told, bytes) or not hmac.compare_digest(
-                told, proof(secret, where.address, nonce)
-            ):
-                raise Unproven("the relay's leader did not prove it knows the relay secret")
+            first, more = cls._handshake(sock, reader, where.address, prefix, secret)
         except (OSError, RelayLost) as exc:
             sock.close()
             logger.debug("relay: could not follow: %s", exc)
@@ -438,6 +500,32 @@ class Follower:
             sock.close()
             raise
         return cls(sock, reader, bool(first.get("ok")), more)
+
+    @staticmethod
+    def _handshake(
+        sock: socket.socket, reader: _Reader, address: bytes, prefix: str, secret: bytes
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Prove to each other that both know ``secret``; the leader's first sealed word
+        (whether its stream is open), and any sealed frames that came with it."""
+        ours = secrets.token_bytes(NONCE_BYTES)
+        sock.sendall(_frame({"t": "hello", "prefix": prefix, "nonce": ours}), socket.MSG_NOSIGNAL)
+        answer, more = _read_first(sock, reader, HELLO_TIMEOUT)
+        theirs, told = answer.get("nonce"), answer.get("proof")
+        if answer.get("t") != "a" or more:
+            raise RelayLost(f"not a leader's answer: {answer!r:.200}")
+        if not isinstance(theirs, bytes) or len(theirs) != NONCE_BYTES:
+            raise RelayLost("a leader's answer without its nonce")
+        if not isinstance(told, bytes) or not hmac.compare_digest(
+            told, proof("leader", secret, address, ours, theirs)
+        ):
+            raise Unproven("the relay's leader did not prove it knows the relay secret")
+        said = proof("follower", secret, address, ours, theirs)
+        sock.sendall(_frame({"t": "proof", "proof": said}), socket.MSG_NOSIGNAL)
+        reader.sealed(session_key(secret, address, ours, theirs))
+        first, more = _read_first(sock, reader, HELLO_TIMEOUT)
+        if first.get("t") != "h":
+            raise RelayLost(f"not a leader's first word: {first!r:.200}")
+        return first, more
 
     def read(self, timeout: float) -> list[dict[str, Any]]:
         """The messages that come within ``timeout`` seconds (maybe none); RelayLost if

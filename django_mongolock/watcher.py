@@ -124,8 +124,11 @@ class Watcher:
         self._unfiltered = False
         # The relay's name is another user's, or cannot be bound: never lead or follow.
         self._alone = False
-        # The relay secret, read once (``relay_secret``): a leader proves it knows it.
+        # The relay secret (``relay_secret``), which leaders and followers prove they
+        # know: read when this process first needs it, and again before it leads.
         self._secret: bytes | None = None
+        # What went wrong last with the relay, logged once until it changes.
+        self._trouble = ""
         self._reopen = threading.Event()
         self.pid = os.getpid()
         self._mutex = threading.Lock()
@@ -187,20 +190,31 @@ class Watcher:
         return self._relay_of()
 
     def _relay_secret(self, *, again: bool = False) -> bytes | None:
-        """The relay secret, read from the database once (``again``: read anew)."""
+        """The relay secret, read from the database once (``again``: read anew; None if
+        it cannot be read)."""
         if self._secret is None or again:
             try:
                 self._secret = self._store_of().relay_secret()
             except (PyMongoError, MongoLockError) as exc:
-                logger.warning("relay: no secret to lead or follow with: %s", exc)
+                self._secret = None
+                self._troubled(f"relay: no secret to lead or follow with: {exc}")
         return self._secret
+
+    def _troubled(self, trouble: str) -> None:
+        """Log what keeps this process off the relay when it first happens, not on each
+        retry (every ``RELAY_RETRY`` seconds); ``""``: back on it."""
+        if trouble and trouble != self._trouble:
+            logger.warning("%s: this process streams on its own for now", trouble)
+        elif not trouble and self._trouble:
+            logger.info("relay: this process leads or follows again")
+        self._trouble = trouble
 
     def _join(self, where: relay.Place, secret: bytes) -> relay.Follower | None:
         """Follow the leader at ``where`` (None: it did not answer, did not prove it knows
         the secret, or is another user's)."""
         prefix = self._prefix_of() or where.prefix
         try:
-            # The codec of this process's client: events decode as its own stream's would.
+            # The store's codec: relayed events decode as its own stream's would.
             codec = self._store_of().collection.codec_options
             try:
                 return relay.Follower.join(where, prefix, codec, secret)
@@ -215,7 +229,7 @@ class Watcher:
             self._alone = True
             logger.warning("%s: this process streams on its own", exc)
         except relay.Unproven as exc:
-            logger.warning("%s: this process streams on its own for now", exc)
+            self._troubled(str(exc))
         except (PyMongoError, MongoLockError) as exc:
             logger.debug("relay: no client to follow with: %s", exc)
         return None
@@ -227,8 +241,10 @@ class Watcher:
         try:
             while not self._stop.is_set():
                 where = self._relay_place()
-                if where is None and leader is not None:
-                    leader.close()  # this process now streams every handoff: no more relay
+                if leader is not None and (where is None or leader.closed):
+                    # This process now streams every handoff (no more relay), or the
+                    # secret changed (it leads again, with the new one, if it can).
+                    leader.close()
                     leader = None
                 if leader is None and follower is None and where is not None:
                     # A leader that just died may hold its name a moment longer than
@@ -241,6 +257,8 @@ class Watcher:
                             follower = joined
                         if joined is not None or self._relay_place() is None:
                             break
+                        if self._secret is None:
+                            break  # not for want of an answer: the next try is later
                         if self._stop.wait(JOIN_PAUSE):
                             return
                 if follower is not None:
@@ -266,20 +284,45 @@ class Watcher:
                 self.leader = None
             self.waiters.notify_all()
 
+    def _secret_changed(self, leader: relay.Leader) -> bool:
+        """Whether the secret ``leader`` proves itself with is no longer the database's
+        (its document was deleted): then it stops leading, and leads again, or follows,
+        with the new one. An unreadable secret changes nothing."""
+        try:
+            secret = self._store_of().relay_secret()
+        except (PyMongoError, MongoLockError):
+            return False
+        if secret == leader.secret:
+            return False
+        self._secret = secret
+        logger.warning("relay: the relay secret changed: leading or following anew with it")
+        leader.close()
+        return True
+
     def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
         """Lead the relay at ``where`` if nobody holds its name, else follow its leader
         (None: nobody answered, or this process must stream alone)."""
-        secret = self._relay_secret()
-        if secret is None:
-            return None
         try:
             listener = relay.bind(where)
         except OSError as exc:
             logger.warning("relay: cannot bind its socket, this process streams alone: %s", exc)
             return None
         if listener is not None:
+            # A leader proves itself with the secret the database holds now, not one it
+            # read before (a deleted secret is gone once its leaders are).
+            secret = self._relay_secret(again=True)
+            if secret is None:
+                listener.close()
+                return None
+            self._troubled("")
             return relay.Leader(listener, where, secret)
-        return self._join(where, secret)
+        secret = self._relay_secret()
+        if secret is None:
+            return None
+        joined = self._join(where, secret)
+        if joined is not None:
+            self._troubled("")
+        return joined
 
     def _follow(self, progress: _Progress, follower: relay.Follower) -> bool:
         """Read the leader's events until it is lost (True) or nobody has waited for a
@@ -385,6 +428,10 @@ class Watcher:
                         leader.admit()
                         leader.flush()
                         leader.beat()
+                        if clock.now() >= retry_at:
+                            retry_at = clock.now() + RELAY_RETRY
+                            if self._secret_changed(leader):
+                                return None
                     elif where is not None and clock.now() >= retry_at:
                         retry_at = clock.now() + RELAY_RETRY
                         where = self._relay_place()

@@ -19,6 +19,7 @@ from django_mongolock import LockManager, queries, relay
 from django_mongolock import watcher as watching
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.owners import host_prefix
+from tests.relay_peers import FakeLeader, frame_of, hello, join
 from tests.waiting import Wait, count_attempts, in_line, lead_and_follow, streaming_as, until
 
 
@@ -153,77 +154,6 @@ def test_a_waiter_with_ids_of_its_own_leaves_the_relay(
     assert leading.watcher.role == "leader"
 
 
-class _FakeLeader:
-    """A process of the same user that holds the relay's name: it answers each hello
-    with a proof made with ``secret``, beats, and sends what it is told to."""
-
-    def __init__(self, where: relay.Place, secret: bytes) -> None:
-        listener = relay.bind(where)
-        assert listener is not None, "the relay's name is taken"
-        self._listener = listener
-        self._where = where
-        self._secret = secret
-        self._conn: socket.socket | None = None
-        self.hellos = 0
-        self.hung_up = 0
-        self._stop = threading.Event()
-        self._sending = threading.Lock()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        self._listener.setblocking(True)
-        self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                self._send({"t": "h", "ok": True})  # a heartbeat
-                continue
-            conn.settimeout(5)
-            hello = bson.decode(conn.recv(4096))
-            proof = relay.proof(self._secret, self._where.address, hello["nonce"])
-            conn.sendall(bson.encode({"t": "h", "ok": True, "proof": proof}))
-            self.hellos += 1
-            # A follower says nothing after its hello: what comes now is its hang-up.
-            conn.settimeout(0.5)
-            try:
-                hung_up = conn.recv(1) == b""
-            except TimeoutError:
-                hung_up = False
-            if hung_up:
-                self.hung_up += 1
-                conn.close()
-                continue
-            with self._sending:
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = conn
-
-    def _send(self, message: dict[str, Any]) -> None:
-        with self._sending:
-            if self._conn is None:
-                return
-            try:
-                self._conn.sendall(bson.encode(message))
-            except OSError:  # the follower hung up
-                self.hung_up += 1
-                self._conn.close()
-                self._conn = None
-
-    def send(self, change: dict[str, Any]) -> None:
-        until(lambda: self._conn is not None, 30, "a follower")
-        self._send({"t": "e", "c": change})
-        assert self._conn is not None, "the follower hung up"
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        if self._conn is not None:
-            self._conn.close()
-        self._listener.close()
-
-
 def _handoff(key: str, owner: str, token: int) -> dict[str, Any]:
     now = datetime.now(UTC)
     fields = {
@@ -252,7 +182,7 @@ def test_a_leader_that_does_not_know_the_relay_secret_is_not_followed(
     following = shared()
     where = following._connection._relay()
     assert where is not None
-    fake = _FakeLeader(where, os.urandom(32))
+    fake = FakeLeader(where, os.urandom(32))
     try:
         wait = Wait(manager, following, "unproven")
         until(streaming_as(following.watcher, "own"), 30, "a stream of its own")
@@ -277,7 +207,7 @@ def test_a_leader_that_proves_it_knows_the_secret_is_believed(
     following = shared()
     where = following._connection._relay()
     assert where is not None
-    fake = _FakeLeader(where, manager.store.relay_secret())
+    fake = FakeLeader(where, manager.store.relay_secret())
     try:
         following.watcher.ensure_running()
         until(streaming_as(following.watcher, "follower"), 30, "following")
@@ -400,3 +330,179 @@ def test_a_relay_secret_that_is_not_one_is_refused_and_the_process_streams_alone
     wait.woken_by_release("own")
     assert alone.watcher.leader is None
     assert alone.watcher._secret is None
+
+
+@pytest.mark.parametrize("made_for", ["another address", "another nonce"])
+def test_a_leaders_proof_counts_only_for_this_name_and_this_hello(
+    manager: LockManager, made_for: str
+) -> None:
+    """The right secret is not enough: a proof made for another relay's name, or for
+    another hello (a replay), is refused."""
+    where = relay.place("mongodb://proof", manager.database, manager.collection, "x:")
+    secret = manager.store.relay_secret()
+    if made_for == "another address":
+        fake = FakeLeader(where, secret, address=where.address + b"-other")
+    else:
+        fake = FakeLeader(where, secret, nonce=os.urandom(relay.NONCE_BYTES))
+    codec = manager.store.collection.codec_options
+    try:
+        with pytest.raises(relay.Unproven):
+            relay.Follower.join(where, "x:", codec, secret)
+        until(lambda: fake.hung_up == 1, 10, "the follower hanging up")
+    finally:
+        fake.close()
+    # The same fake, with its proof made for this name and hello, is followed.
+    fake = FakeLeader(where, secret)
+    try:
+        joined = relay.Follower.join(where, "x:", codec, secret)
+        assert joined is not None
+        assert joined.healthy
+        joined.close()
+    finally:
+        fake.close()
+
+
+def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
+    shared: Callable[[], LockManager],
+) -> None:
+    leading = shared()
+    leading.watcher.ensure_running()
+    until(streaming_as(leading.watcher, "leader"), 30, "leading")
+    leader = leading.watcher.leader
+    assert leader is not None
+    where = leading._connection._relay()
+    assert where is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as guessing:
+        guessing.settimeout(10)
+        guessing.connect(where.address)
+        nonce = os.urandom(relay.NONCE_BYTES)
+        guessing.sendall(hello(nonce))
+        answer = bson.decode(frame_of(guessing))
+        said = relay.proof("follower", os.urandom(32), where.address, nonce, answer["nonce"])
+        guessing.sendall(bson.encode({"t": "proof", "proof": said}))
+        # Closed, with nothing sent after the answer: no event, no word of health.
+        assert guessing.recv(4096) == b""
+    assert len(leader) == 0
+    # One that knows it is taken in.
+    sock, _ = join(where.address, leading.store.relay_secret())
+    with sock:
+        until(lambda: len(leader) == 1, 10, "the follower counted")
+
+
+def _lost(follower: relay.Follower, timeout: float = 10.0) -> relay.RelayLost:
+    """Read ``follower`` until it finds its leader lost (bounded); why."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            follower.read(0.2)
+        except relay.RelayLost as exc:
+            return exc
+    raise AssertionError(f"the follower read on for {timeout:g} s")
+
+
+def test_a_follower_leaves_a_connection_at_a_frame_its_leader_did_not_seal(
+    manager: LockManager,
+) -> None:
+    """Frames carry an HMAC under the connection's key, and their number: a frame that is
+    forged, or sent again, or one missing, ends the connection."""
+    where = relay.place("mongodb://sealed", manager.database, manager.collection, "x:")
+    secret = manager.store.relay_secret()
+    codec = manager.store.collection.codec_options
+    frame = bson.encode({"t": "h", "ok": True})
+    wrongs: dict[str, Callable[[bytes, int], bytes]] = {
+        "forged": lambda key, next_: relay.seal(os.urandom(32), next_, frame),
+        "sent again": lambda key, next_: relay.seal(key, next_ - 1, frame),
+        "one missing": lambda key, next_: relay.seal(key, next_ + 1, frame),
+    }
+    for name, wrong in wrongs.items():
+        fake = FakeLeader(where, secret)
+        try:
+            joined = relay.Follower.join(where, "x:", codec, secret)
+            assert joined is not None, name
+            with fake._sending:  # between two of the fake's heartbeats
+                assert fake._conn is not None
+                fake._conn.sendall(wrong(fake._key, fake._sent))
+            assert "is not the leader's" in str(_lost(joined)), name
+            joined.close()
+        finally:
+            fake.close()
+
+
+def test_a_process_that_passes_a_true_leaders_handshake_on_cannot_forge_a_handoff(
+    shared: Callable[[], LockManager], manager: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A same-user process without the secret holds the relay's name when a follower
+    joins, then lets a true leader take the name and passes the follower's hello to it,
+    and its answers back: the follower follows, through it. It sends a handoff it forged
+    to the follower's waiter: the follower leaves at that frame, its waiter holds nothing,
+    and it is handed the lock by the true release later."""
+    monkeypatch.setattr(relay, "HELLO_TIMEOUT", 20.0)  # time to pass the handshake on
+    following = shared()
+    where = following._connection._relay()
+    assert where is not None
+    squatter = relay.bind(where)
+    assert squatter is not None
+    squatter.setblocking(True)
+    squatter.settimeout(30)
+    following.watcher.ensure_running()
+    victim, _ = squatter.accept()
+    victim.settimeout(10)
+    squatter.close()  # the name is free for a true leader
+    leading = shared()
+    leading.watcher.ensure_running()
+    until(streaming_as(leading.watcher, "leader"), 30, "a true leader")
+    with victim, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as passing:
+        passing.settimeout(10)
+        passing.connect(where.address)
+        passing.sendall(frame_of(victim))  # the follower's hello
+        victim.sendall(frame_of(passing))  # the leader's answer
+        passing.sendall(frame_of(victim))  # the follower's proof
+        victim.sendall(frame_of(passing, sealed=True))  # the leader's first sealed word
+        until(streaming_as(following.watcher, "follower"), 30, "following through it")
+
+        holder = manager.acquire("passed-on", ttl=30)
+        out: list[Any] = []
+        thread = _wait(following, "passed-on", out)
+        in_line(manager, "passed-on", 1)
+        doc = manager.store.collection.find_one({"_id": "passed-on"})
+        assert doc is not None
+        first = doc["waiters"][0]["owner"]
+        token = holder.token + 10**12  # a token from minutes ahead
+        forged = bson.encode({"t": "e", "c": _handoff("passed-on", first, token)})
+        victim.sendall(relay.seal(os.urandom(32), 1, forged))
+        # It leaves the connection at once, and holds nothing.
+        until(lambda: victim.recv(4096) == b"", 10, "the follower leaving")
+        assert not out
+        found = manager.store.find("passed-on")
+        assert found is not None
+        assert found.owner == holder.owner
+    # Handed the lock by the true release, with the server's token.
+    assert holder.release()
+    thread.join(30)
+    assert out, "the waiter was not handed the lock"
+    assert holder.token < out[0][0].token < token
+
+
+def test_a_leader_whose_secret_was_made_anew_leads_again_with_the_new_one(
+    shared: Callable[[], LockManager], manager: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watching, "RELAY_RETRY", 1.0)
+    leading, following = lead_and_follow(shared)
+    old = manager.store.relay_secret()
+    manager.store.relay.delete_many({})
+    new = manager.store.relay_secret()
+    assert new != old
+    # A process that read only the new secret follows, or leads: no stream of its own.
+    joining = shared()
+    joining.watcher.ensure_running()
+    until(
+        lambda: (
+            {leading.watcher.role, following.watcher.role, joining.watcher.role}
+            == {"leader", "follower"}
+            and all(m.watcher.healthy for m in (leading, following, joining))
+            and all(m.watcher._secret == new for m in (leading, following, joining))
+        ),
+        30,
+        "all three on the new secret",
+    )
+    assert joining.watcher.opened <= 1

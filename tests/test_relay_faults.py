@@ -30,6 +30,7 @@ import pytest
 from django_mongolock import LockManager, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
+from tests.relay_peers import hello, join
 from tests.waiting import LEASE, Wait, lead_and_follow, streaming_as, until
 
 pytestmark = [
@@ -128,10 +129,6 @@ def _where(manager: LockManager) -> relay.Place:
     return relay.place(manager.url, manager.database, manager.collection, host_prefix(None))
 
 
-def _hello(nonce: bytes = bytes(relay.NONCE_BYTES), prefix: str = "x:") -> bytes:
-    return bson.encode({"t": "hello", "prefix": prefix, "nonce": nonce})
-
-
 def test_a_follower_takes_over_when_its_leader_is_killed(
     led_by_agent: tuple[Agent, LockManager], manager: LockManager
 ) -> None:
@@ -215,21 +212,15 @@ def test_a_leader_turns_away_a_process_of_another_user(
     assert leader is not None
     where = _where(leading)
 
-    stranger = agents("connect", str(NOBODY), where.address.hex(), _hello().hex())
+    nonce = os.urandom(relay.NONCE_BYTES)
+    stranger = agents("connect", str(NOBODY), where.address.hex(), hello(nonce).hex())
     # Closed without an answer (a reset: its hello was never read).
     assert stranger.line(30) in ("eof", "reset")
     assert len(leader) == 0
 
-    # The same hello from this user is answered (with the proof that the leader knows
-    # the relay secret) and counted.
-    nonce = os.urandom(relay.NONCE_BYTES)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as same:
-        same.settimeout(10)
-        same.connect(where.address)
-        same.sendall(_hello(nonce))
-        first = bson.decode_all(same.recv(4096))[0]
-        proof = relay.proof(manager.store.relay_secret(), where.address, nonce)
-        assert first == {"t": "h", "ok": True, "proof": proof}
+    # A process of this user that knows the relay secret is answered and counted.
+    same, _ = join(where.address, manager.store.relay_secret())
+    with same:
         until(lambda: len(leader) == 1, 10, "the follower counted")
     Wait(manager, leading, "stranger").woken_by_release("leader")
 
@@ -264,10 +255,8 @@ def test_a_follower_that_does_not_read_is_dropped_and_the_others_go_on(
     # Only the real follower is left (a join that failed is dropped at the next beat).
     until(lambda: len(leader) == 1, 10, "one follower")
     dropped, opened = leader.dropped, following.watcher.opened
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
-        slow.settimeout(10)
-        slow.connect(_where(leading).address)
-        slow.sendall(_hello())
+    slow, _ = join(_where(leading).address, manager.store.relay_secret())
+    with slow:
         until(lambda: len(leader) == 2, 10, "the slow follower admitted")
         # Releases, each a delete event for every follower, in batches small enough for
         # the real follower's buffer: it keeps up, while the one that never reads fills up.

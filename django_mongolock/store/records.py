@@ -69,17 +69,19 @@ class RecordQueries(StoreBase):
     def relay_secret(self) -> bytes:
         """The random secret a shared stream's leader proves it knows, made on first use.
 
-        Whoever can read it can read the lock database: a same-user process that cannot
-        is never followed. Every process reads the one document (an upsert that only
-        inserts, so the first writer's secret is everyone's).
+        A same-user process that cannot read it is neither followed nor led. Every
+        process reads the one document (one read; the first ever makes it, by an upsert
+        that only inserts, so that the first writer's secret is everyone's).
         """
         with self._translate:
-            found = self.relay.find_one_and_update(
-                {"_id": "secret"},
-                {"$setOnInsert": {"secret": bson.Binary(os.urandom(RELAY_SECRET_BYTES))}},
-                upsert=True,
-                return_document=pymongo.ReturnDocument.AFTER,
-            )
+            found = self.relay.find_one({"_id": "secret"})
+            if found is None:
+                found = self.relay.find_one_and_update(
+                    {"_id": "secret"},
+                    {"$setOnInsert": {"secret": bson.Binary(os.urandom(RELAY_SECRET_BYTES))}},
+                    upsert=True,
+                    return_document=pymongo.ReturnDocument.AFTER,
+                )
         secret = None if found is None else found.get("secret")
         if not isinstance(secret, bytes) or len(secret) < RELAY_SECRET_BYTES:
             raise MongoLockError(
