@@ -15,22 +15,26 @@ another user is not joined: that process keeps a stream of its own. A process of
 same user is not yet a peer to trust: a follower takes handoffs from its leader as it
 would from the server (it holds the lock, with the token it was told). So both sides
 read a random secret kept next to the lock collection (``<collection>.relay``, made on
-first use), and each proves it knows it: the follower's hello carries a fresh nonce,
-the leader answers with one of its own and an HMAC of both under the secret, and the
-follower answers with its own HMAC (``proof``). Every frame the leader sends after
+first use), and each proves it knows it: the follower's hello carries a fresh nonce
+and the prefix of its holder ids, the leader answers with a nonce of its own and an
+HMAC of all three under the secret, and the follower answers with its own HMAC
+(``proof``). Every frame the leader sends after
 that carries an HMAC, under a key of that connection (``session_key``), of the frame
 and its number: a process that passes a follower's nonce on to a true leader, and its
 answer back, can then delay what it passes on or cut it, but neither forge, change,
-drop nor reorder a frame without the follower noticing and leaving it. A process
-without the database's credentials can read the secret no more than it can write a
-lock's document. The frames are not encrypted.
+drop nor reorder a frame without the follower noticing and leaving it, nor change
+which handoffs the leader sends it. A process without the database's credentials can
+read the secret no more than it can write a lock's document. The frames are not
+encrypted: such a process can read what it passes on.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
-once when that changes, and every ``HEARTBEAT`` seconds. A follower counts the stream
-healthy from the moment it heard so (events after that reach it), and gives up on a
-leader silent for ``SILENCE`` seconds (stopped, or stuck): its waiters then fall back
-to their timers, as they do when any stream breaks, while the watcher leads or follows
-anew, or opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes
+once when that changes, and every ``HEARTBEAT`` seconds, each time with the time it
+sent it (``clock.now()``, which the processes of a host share). A follower counts the
+stream healthy from the moment it heard so (events after that reach it), and gives up
+on a leader whose latest heartbeat was sent ``SILENCE`` seconds ago or more (stopped,
+stuck, or held back on its way): its waiters then fall back to their timers, as they do
+when any stream breaks, while the watcher leads or follows anew, or opens a stream of
+its own. A follower that cannot keep up (``BACKLOG`` bytes
 behind) is dropped, and falls back the same way.
 
 Only Linux has abstract sockets; elsewhere every process keeps its own stream.
@@ -57,6 +61,7 @@ from typing import Any
 import bson
 from bson.codec_options import CodecOptions
 
+from django_mongolock import clock
 from django_mongolock.queries.changes import reaches
 
 __all__ = [
@@ -84,15 +89,19 @@ logger = logging.getLogger("django_mongolock.relay")
 HEARTBEAT = 1.0
 # A leader silent this long is taken for gone.
 SILENCE = 3.0
-# How long a follower waits for a leader's first word, and a leader for a follower's.
+# How long a follower waits for each of a leader's first two words, and a leader for
+# each of a follower's (a leader reads them between two events, or two empty waits of
+# its stream: ``watcher.LEAD_AWAIT``).
 HELLO_TIMEOUT = 1.0
 # No message of the relay comes near this; a longer frame means a broken peer.
 MAX_FRAME = 1 << 20
 # What a leader keeps for a follower its socket will not take yet (thousands of events,
 # a TTL sweep's): past that, the follower is dropped.
 BACKLOG = 4 << 20
-# Connections a leader takes in between two events, at most.
+# Connections a leader takes in between two events, at most, and that it has not taken
+# in yet (a process that connects in a loop gets no more than that).
 ADMIT_AT_ONCE = 64
+MAX_NEWCOMERS = 256
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Each side's nonce: fresh per connection, so that no answer can be replayed.
 NONCE_BYTES = 16
@@ -171,19 +180,31 @@ def _peer_uid(sock: socket.socket) -> int:
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.digest(key, b"".join(parts), "sha256")
+    """An HMAC of ``parts``, each with its length: no two lists of parts read alike."""
+    message = b"".join(len(part).to_bytes(4, "little") + part for part in parts)
+    return hmac.digest(key, message, "sha256")
 
 
-def proof(side: str, secret: bytes, address: bytes, follower: bytes, leader: bytes) -> bytes:
+def proof(
+    side: str, secret: bytes, address: bytes, follower: bytes, leader: bytes, prefix: str
+) -> bytes:
     """The proof that the ``side`` ("leader" or "follower") of the connection at
-    ``address``, with the ``follower``'s nonce and the ``leader``'s, knows ``secret``
-    (each side's differs, so neither can be sent back as the other's)."""
-    return _mac(secret, b"django-mongolock relay ", side.encode(), b"\0", address, follower, leader)
+    ``address``, with the ``follower``'s nonce and the ``leader``'s, knows ``secret``;
+    ``prefix`` is the follower's, so that nobody in between can change which handoffs it
+    is sent (each side's proof differs, so neither can be sent back as the other's)."""
+    if side not in ("leader", "follower"):
+        raise ValueError(f"side must be 'leader' or 'follower', not {side!r}")
+    return _mac(
+        secret, b"django-mongolock relay", side.encode(), address, follower, leader, prefix.encode()
+    )
 
 
-def session_key(secret: bytes, address: bytes, follower: bytes, leader: bytes) -> bytes:
+def session_key(
+    secret: bytes, address: bytes, follower: bytes, leader: bytes, prefix: str
+) -> bytes:
     """The key of the HMACs of one connection's frames (``seal``)."""
-    return _mac(secret, b"django-mongolock relay session\0", address, follower, leader)
+    parts = (address, follower, leader, prefix.encode())
+    return _mac(secret, b"django-mongolock relay", b"session", *parts)
 
 
 def seal(key: bytes, number: int, frame: bytes) -> bytes:
@@ -320,6 +341,8 @@ class Leader:
     def admit(self) -> None:
         """Take in every follower that connected and said hello; tell each whether the
         stream is open. A newcomer silent for ``HELLO_TIMEOUT`` is turned away."""
+        if self.closed:
+            return
         for _ in range(ADMIT_AT_ONCE):
             try:
                 sock = _tracked(self._listener.accept()[0])
@@ -330,6 +353,10 @@ class Leader:
                 break
             if _peer_uid(sock) != os.geteuid():
                 logger.info("relay: a process of another user was turned away")
+                sock.close()
+                continue
+            if len(self._newcomers) >= MAX_NEWCOMERS:
+                logger.info("relay: %d connections in their handshake already", MAX_NEWCOMERS)
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -369,15 +396,15 @@ class Leader:
             self._answer(newcomer, messages[0])
             return None
         told = messages[0].get("proof")
-        expected = proof("follower", self.secret, self._address, newcomer.theirs, newcomer.ours)
+        expected = proof("follower", self.secret, *self._connection(newcomer))
         if messages[0].get("t") != "proof" or not isinstance(told, bytes):
             raise RelayLost(f"not a follower's proof: {messages[0]!r:.200}")
         if not hmac.compare_digest(told, expected):
             raise RelayLost("a follower that does not know the relay secret")
-        key = session_key(self.secret, self._address, newcomer.theirs, newcomer.ours)
+        key = session_key(self.secret, *self._connection(newcomer))
         member = _Member(newcomer.sock, newcomer.prefix, key)
         # Its first sealed word: whether the stream is open (it counts on nothing before).
-        member.add(_frame({"t": "h", "ok": self._healthy}))
+        member.add(self._health_frame())
         if not self._flush(member):
             raise RelayLost("its socket takes nothing")
         return member
@@ -392,15 +419,22 @@ class Leader:
         ours = secrets.token_bytes(NONCE_BYTES)
         newcomer.prefix, newcomer.theirs, newcomer.ours = prefix, theirs, ours
         newcomer.until = time.monotonic() + HELLO_TIMEOUT  # for its proof
-        said = proof("leader", self.secret, self._address, theirs, ours)
+        said = proof("leader", self.secret, *self._connection(newcomer))
         # A newcomer's socket buffer is empty: this small frame goes whole, at once.
         newcomer.sock.sendall(_frame({"t": "a", "nonce": ours, "proof": said}), socket.MSG_NOSIGNAL)
+
+    def _connection(self, newcomer: _Newcomer) -> tuple[bytes, bytes, bytes, str]:
+        """What a newcomer's proofs and session key are made for."""
+        return self._address, newcomer.theirs, newcomer.ours, newcomer.prefix
+
+    def _health_frame(self) -> bytes:
+        return _frame({"t": "h", "ok": self._healthy, "at": clock.now()})
 
     def health(self, healthy: bool) -> None:
         """Tell every follower whether the stream is open (at once, when it changes)."""
         self._healthy = healthy
         self._beat_at = time.monotonic()
-        frame = _frame({"t": "h", "ok": healthy})
+        frame = self._health_frame()
         self._send(lambda member: frame)
 
     def beat(self) -> None:
@@ -427,7 +461,7 @@ class Leader:
             if member.backlog and not self._flush(member):
                 # Gone, or so far behind that its waiters are better off on their own.
                 self.dropped += 1
-                logger.info("relay: a follower %s was dropped", member.prefix)
+                logger.info("relay: a follower %r was dropped", member.prefix)
                 member.sock.close()
                 continue
             kept.append(member)
@@ -456,6 +490,14 @@ class Leader:
         self._members, self._newcomers = [], []
 
 
+def _sent_at(heartbeat: Mapping[str, Any]) -> float:
+    """When a leader sent ``heartbeat`` (``clock.now()``)."""
+    at = heartbeat.get("at")
+    if not isinstance(at, float):
+        raise RelayLost(f"a heartbeat without its time: {heartbeat!r:.200}")
+    return at
+
+
 class Follower:
     """The following side: one connection to a leader, read by the watcher thread."""
 
@@ -463,15 +505,16 @@ class Follower:
         self,
         sock: socket.socket,
         reader: _Reader,
-        healthy: bool,
+        first: Mapping[str, Any],
         pending: list[dict[str, Any]],
     ) -> None:
         self._sock = sock
         self._reader = reader
-        self.healthy = healthy
-        # What the leader sent right after its hello, read with it.
+        self.healthy = bool(first.get("ok"))
+        # When the leader sent its latest heartbeat (``clock.now()``).
+        self._beat_at = _sent_at(first)
+        # What the leader sent right after its first word, read with it.
         self._pending = pending
-        self._heard_at = time.monotonic()
 
     @classmethod
     def join(
@@ -499,7 +542,7 @@ class Follower:
         except (Foreign, Unproven):
             sock.close()
             raise
-        return cls(sock, reader, bool(first.get("ok")), more)
+        return cls(sock, reader, first, more)
 
     @staticmethod
     def _handshake(
@@ -515,40 +558,45 @@ class Follower:
             raise RelayLost(f"not a leader's answer: {answer!r:.200}")
         if not isinstance(theirs, bytes) or len(theirs) != NONCE_BYTES:
             raise RelayLost("a leader's answer without its nonce")
+        connection = (address, ours, theirs, prefix)
         if not isinstance(told, bytes) or not hmac.compare_digest(
-            told, proof("leader", secret, address, ours, theirs)
+            told, proof("leader", secret, *connection)
         ):
             raise Unproven("the relay's leader did not prove it knows the relay secret")
-        said = proof("follower", secret, address, ours, theirs)
+        said = proof("follower", secret, *connection)
         sock.sendall(_frame({"t": "proof", "proof": said}), socket.MSG_NOSIGNAL)
-        reader.sealed(session_key(secret, address, ours, theirs))
+        reader.sealed(session_key(secret, *connection))
         first, more = _read_first(sock, reader, HELLO_TIMEOUT)
         if first.get("t") != "h":
             raise RelayLost(f"not a leader's first word: {first!r:.200}")
+        if clock.now() - _sent_at(first) > SILENCE:
+            raise RelayLost("the leader's first word is old")
         return first, more
 
     def read(self, timeout: float) -> list[dict[str, Any]]:
         """The messages that come within ``timeout`` seconds (maybe none); RelayLost if
-        the leader closed, garbled, or has been silent for ``SILENCE`` seconds."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            return pending
-        self._sock.settimeout(timeout)
-        try:
-            data = self._sock.recv(65536)
-        except TimeoutError:
-            data = None
-        except OSError as exc:
-            raise RelayLost(str(exc)) from exc
-        now = time.monotonic()
-        if data is None:
-            if now - self._heard_at > SILENCE:
-                raise RelayLost(f"silent for {now - self._heard_at:.1f} s")
-            return []
-        if not data:
-            raise RelayLost("the leader closed the connection")
-        self._heard_at = now
-        return self._reader.feed(data)
+        the leader closed, garbled, or sent its latest heartbeat ``SILENCE`` seconds ago
+        (whatever else came since, and whenever that heartbeat came)."""
+        messages, self._pending = self._pending, []
+        if not messages:
+            self._sock.settimeout(timeout)
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                data = None
+            except OSError as exc:
+                raise RelayLost(str(exc)) from exc
+            if data == b"":
+                raise RelayLost("the leader closed the connection")
+            if data:
+                messages = self._reader.feed(data)
+        for message in messages:
+            if message.get("t") == "h":
+                self._beat_at = max(self._beat_at, _sent_at(message))
+        silent = clock.now() - self._beat_at
+        if silent > SILENCE:
+            raise RelayLost(f"no heartbeat sent in the last {silent:.1f} s")
+        return messages
 
     def close(self) -> None:
         self._sock.close()

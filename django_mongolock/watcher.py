@@ -42,6 +42,9 @@ logger = logging.getLogger("django_mongolock.watcher")
 
 # How long the server holds an empty getMore: bounds how fast the thread notices stop.
 MAX_AWAIT = 0.5
+# The same for a relay's leader, which takes followers in between two: one stream per
+# host, so a shorter wait costs the server little, and a joining follower waits less.
+LEAD_AWAIT = 0.1
 # The thread ends after this long with nobody waiting; the next waiter starts it again.
 IDLE_EXIT = 60.0
 # A process that found a relay's name held but nobody answering streams on its own, and
@@ -189,25 +192,23 @@ class Watcher:
             return None
         return self._relay_of()
 
-    def _relay_secret(self, *, again: bool = False) -> bytes | None:
-        """The relay secret, read from the database once (``again``: read anew; None if
-        it cannot be read)."""
-        if self._secret is None or again:
-            try:
-                self._secret = self._store_of().relay_secret()
-            except (PyMongoError, MongoLockError) as exc:
-                self._secret = None
-                self._troubled(f"relay: no secret to lead or follow with: {exc}")
+    def _relay_secret(self) -> bytes | None:
+        """The relay secret as the database holds it now (None: it cannot be read)."""
+        try:
+            self._secret = self._store_of().relay_secret()
+        except (PyMongoError, MongoLockError) as exc:
+            self._secret = None
+            self._troubled("secret", f"relay: no secret to lead or follow with: {exc}")
         return self._secret
 
-    def _troubled(self, trouble: str) -> None:
-        """Log what keeps this process off the relay when it first happens, not on each
-        retry (every ``RELAY_RETRY`` seconds); ``""``: back on it."""
-        if trouble and trouble != self._trouble:
+    def _troubled(self, kind: str, trouble: str = "") -> None:
+        """Log what keeps this process off the relay when that ``kind`` of trouble first
+        comes, not on each retry (every ``RELAY_RETRY`` seconds); ``""``: none now."""
+        if kind and kind != self._trouble:
             logger.warning("%s: this process streams on its own for now", trouble)
-        elif not trouble and self._trouble:
+        elif not kind and self._trouble:
             logger.info("relay: this process leads or follows again")
-        self._trouble = trouble
+        self._trouble = kind
 
     def _join(self, where: relay.Place, secret: bytes) -> relay.Follower | None:
         """Follow the leader at ``where`` (None: it did not answer, did not prove it knows
@@ -216,20 +217,12 @@ class Watcher:
         try:
             # The store's codec: relayed events decode as its own stream's would.
             codec = self._store_of().collection.codec_options
-            try:
-                return relay.Follower.join(where, prefix, codec, secret)
-            except relay.Unproven:
-                # The secret was made anew since this process read it (its document was
-                # deleted)? Then the leader's is the new one: read it, and try once more.
-                fresh = self._relay_secret(again=True)
-                if fresh is None or fresh == secret:
-                    raise
-                return relay.Follower.join(where, prefix, codec, fresh)
+            return relay.Follower.join(where, prefix, codec, secret)
         except relay.Foreign as exc:
             self._alone = True
             logger.warning("%s: this process streams on its own", exc)
         except relay.Unproven as exc:
-            self._troubled(str(exc))
+            self._troubled("unproven", str(exc))
         except (PyMongoError, MongoLockError) as exc:
             logger.debug("relay: no client to follow with: %s", exc)
         return None
@@ -301,25 +294,25 @@ class Watcher:
 
     def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
         """Lead the relay at ``where`` if nobody holds its name, else follow its leader
-        (None: nobody answered, or this process must stream alone)."""
+        (None: nobody answered, or this process must stream alone).
+
+        Either way with the secret the database holds now, read first (one read by
+        ``_id``): not one read before its document was deleted and made anew, and not
+        while holding the name, where followers would wait for an answer meanwhile.
+        """
+        secret = self._relay_secret()
+        if secret is None:
+            return None
         try:
             listener = relay.bind(where)
         except OSError as exc:
             logger.warning("relay: cannot bind its socket, this process streams alone: %s", exc)
             return None
-        if listener is not None:
-            # A leader proves itself with the secret the database holds now, not one it
-            # read before (a deleted secret is gone once its leaders are).
-            secret = self._relay_secret(again=True)
-            if secret is None:
-                listener.close()
-                return None
-            self._troubled("")
-            return relay.Leader(listener, where, secret)
-        secret = self._relay_secret()
-        if secret is None:
-            return None
-        joined = self._join(where, secret)
+        joined = (
+            relay.Leader(listener, where, secret)
+            if listener is not None
+            else self._join(where, secret)
+        )
         if joined is not None:
             self._troubled("")
         return joined
@@ -407,7 +400,7 @@ class Watcher:
                 pipeline = queries.wakeups(None if self._unfiltered else own)
             with store.collection.watch(
                 pipeline,
-                max_await_time_ms=round(MAX_AWAIT * 1000),
+                max_await_time_ms=round((MAX_AWAIT if leader is None else LEAD_AWAIT) * 1000),
                 resume_after=progress.resume_token,
             ) as stream:
                 if self._healthy_since is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import bson
 
-from django_mongolock import relay
+from django_mongolock import clock, relay
 from tests.waiting import until
 
 
@@ -46,10 +46,11 @@ def join(address: bytes, secret: bytes, prefix: str = "x:") -> tuple[socket.sock
     sock.sendall(hello(ours, prefix))
     answer = bson.decode(frame_of(sock))
     assert answer["t"] == "a"
-    assert answer["proof"] == relay.proof("leader", secret, address, ours, answer["nonce"])
-    said = relay.proof("follower", secret, address, ours, answer["nonce"])
+    connection = (address, ours, answer["nonce"], prefix)
+    assert answer["proof"] == relay.proof("leader", secret, *connection)
+    said = relay.proof("follower", secret, *connection)
     sock.sendall(bson.encode({"t": "proof", "proof": said}))
-    key = relay.session_key(secret, address, ours, answer["nonce"])
+    key = relay.session_key(secret, *connection)
     first = frame_of(sock, sealed=True)
     assert first == relay.seal(key, 0, first[: -relay.MAC_BYTES])
     assert bson.decode(first[: -relay.MAC_BYTES])["t"] == "h"
@@ -59,7 +60,8 @@ def join(address: bytes, secret: bytes, prefix: str = "x:") -> tuple[socket.sock
 class FakeLeader:
     """A process of the same user that holds the relay's name: it answers each hello as a
     leader whose secret is ``secret`` (its proof made for ``address`` and the follower's
-    nonce, unless told others), then beats and sends what it is told to."""
+    nonce, unless told others), then beats and sends what it is told to. Its heartbeats
+    say they were sent ``lag`` seconds before they were."""
 
     def __init__(
         self,
@@ -78,6 +80,9 @@ class FakeLeader:
         self._conn: socket.socket | None = None
         self._key = b""
         self._sent = 0
+        self.lag = 0.0
+        # Every sealed frame it sent, on every connection: (its key, its number, it).
+        self.sealed: list[tuple[bytes, int, bytes]] = []
         self.hellos = 0
         self.hung_up = 0
         self._stop = threading.Event()
@@ -91,17 +96,18 @@ class FakeLeader:
             try:
                 conn, _ = self._listener.accept()
             except TimeoutError:
-                self._send({"t": "h", "ok": True})  # a heartbeat
+                self._beat()
                 continue
             self._greet(conn)
 
     def _greet(self, conn: socket.socket) -> None:
         conn.settimeout(5)
-        theirs = bson.decode(frame_of(conn))["nonce"]
+        hello = bson.decode(frame_of(conn))
+        theirs, prefix = hello["nonce"], hello["prefix"]
         self.hellos += 1
         ours = os.urandom(relay.NONCE_BYTES)
         proved = self._nonce or theirs
-        said = relay.proof("leader", self._secret, self._address, proved, ours)
+        said = relay.proof("leader", self._secret, self._address, proved, ours, prefix)
         conn.sendall(bson.encode({"t": "a", "nonce": ours, "proof": said}))
         # The follower's proof, or its hang-up when the answer did not prove anything.
         if not conn.recv(4096):
@@ -112,16 +118,21 @@ class FakeLeader:
             if self._conn is not None:
                 self._conn.close()
             self._conn = conn
-            self._key = relay.session_key(self._secret, self._address, theirs, ours)
+            self._key = relay.session_key(self._secret, self._address, theirs, ours, prefix)
             self._sent = 0
-        self._send({"t": "h", "ok": True})
+        self._beat()
+
+    def _beat(self) -> None:
+        self._send({"t": "h", "ok": True, "at": clock.now() - self.lag})
 
     def _send(self, message: dict[str, Any]) -> None:
         with self._sending:
             if self._conn is None:
                 return
             try:
-                self._conn.sendall(relay.seal(self._key, self._sent, bson.encode(message)))
+                sealed = relay.seal(self._key, self._sent, bson.encode(message))
+                self.sealed.append((self._key, self._sent, sealed))
+                self._conn.sendall(sealed)
                 self._sent += 1
             except OSError:  # the follower hung up
                 self.hung_up += 1

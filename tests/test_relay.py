@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 import bson
 import pytest
 
-from django_mongolock import LockManager, queries, relay
+from django_mongolock import LockManager, clock, queries, relay
 from django_mongolock import watcher as watching
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.owners import host_prefix
@@ -295,8 +296,8 @@ def test_a_coroutine_is_handed_a_lock_through_the_relay_without_an_attempt(
 def test_a_follower_whose_secret_was_made_anew_reads_it_again_and_follows(
     shared: Callable[[], LockManager], manager: LockManager
 ) -> None:
-    """Its secret was read before the relay's document was deleted and made anew: the
-    leader's proof fails with it, so it reads the secret again, and follows."""
+    """Its secret was read before the relay's document was deleted and made anew: it
+    reads the secret again before it follows, and follows."""
     leading = shared()
     leading.watcher.ensure_running()
     until(streaming_as(leading.watcher, "leader"), 30, "leading")
@@ -362,9 +363,10 @@ def test_a_leaders_proof_counts_only_for_this_name_and_this_hello(
         fake.close()
 
 
-def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
+def _a_leader(
     shared: Callable[[], LockManager],
-) -> None:
+) -> tuple[LockManager, relay.Leader, relay.Place]:
+    """A manager that leads (bounded), its side of the relay, and where that is."""
     leading = shared()
     leading.watcher.ensure_running()
     until(streaming_as(leading.watcher, "leader"), 30, "leading")
@@ -372,13 +374,27 @@ def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
     assert leader is not None
     where = leading._connection._relay()
     assert where is not None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as guessing:
-        guessing.settimeout(10)
-        guessing.connect(where.address)
+    return leading, leader, where
+
+
+def _connected(where: relay.Place) -> socket.socket:
+    """A connection to the relay at ``where``, made by hand."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(where.address)
+    return sock
+
+
+def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
+    shared: Callable[[], LockManager],
+) -> None:
+    leading, leader, where = _a_leader(shared)
+    with _connected(where) as guessing:
         nonce = os.urandom(relay.NONCE_BYTES)
         guessing.sendall(hello(nonce))
         answer = bson.decode(frame_of(guessing))
-        said = relay.proof("follower", os.urandom(32), where.address, nonce, answer["nonce"])
+        connection = (where.address, nonce, answer["nonce"], "x:")
+        said = relay.proof("follower", os.urandom(32), *connection)
         guessing.sendall(bson.encode({"t": "proof", "proof": said}))
         # Closed, with nothing sent after the answer: no event, no word of health.
         assert guessing.recv(4096) == b""
@@ -387,6 +403,20 @@ def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
     sock, _ = join(where.address, leading.store.relay_secret())
     with sock:
         until(lambda: len(leader) == 1, 10, "the follower counted")
+
+
+def _closed(sock: socket.socket, timeout: float) -> bool:
+    """Whether the peer closes ``sock`` within ``timeout`` seconds (what it sends first
+    is read and dropped)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            return False
+    return False
 
 
 def _lost(follower: relay.Follower, timeout: float = 10.0) -> relay.RelayLost:
@@ -408,7 +438,7 @@ def test_a_follower_leaves_a_connection_at_a_frame_its_leader_did_not_seal(
     where = relay.place("mongodb://sealed", manager.database, manager.collection, "x:")
     secret = manager.store.relay_secret()
     codec = manager.store.collection.codec_options
-    frame = bson.encode({"t": "h", "ok": True})
+    frame = bson.encode({"t": "h", "ok": True, "at": clock.now()})
     wrongs: dict[str, Callable[[bytes, int], bytes]] = {
         "forged": lambda key, next_: relay.seal(os.urandom(32), next_, frame),
         "sent again": lambda key, next_: relay.seal(key, next_ - 1, frame),
@@ -429,7 +459,10 @@ def test_a_follower_leaves_a_connection_at_a_frame_its_leader_did_not_seal(
 
 
 def test_a_process_that_passes_a_true_leaders_handshake_on_cannot_forge_a_handoff(
-    shared: Callable[[], LockManager], manager: LockManager, monkeypatch: pytest.MonkeyPatch
+    shared: Callable[[], LockManager],
+    manager: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A same-user process without the secret holds the relay's name when a follower
     joins, then lets a true leader take the name and passes the follower's hello to it,
@@ -437,6 +470,8 @@ def test_a_process_that_passes_a_true_leaders_handshake_on_cannot_forge_a_handof
     to the follower's waiter: the follower leaves at that frame, its waiter holds nothing,
     and it is handed the lock by the true release later."""
     monkeypatch.setattr(relay, "HELLO_TIMEOUT", 20.0)  # time to pass the handshake on
+    monkeypatch.setattr(relay, "SILENCE", 60.0)  # it passes on no heartbeat after the first
+    caplog.set_level(logging.INFO, logger="django_mongolock.watcher")
     following = shared()
     where = following._connection._relay()
     assert where is not None
@@ -470,8 +505,9 @@ def test_a_process_that_passes_a_true_leaders_handshake_on_cannot_forge_a_handof
         token = holder.token + 10**12  # a token from minutes ahead
         forged = bson.encode({"t": "e", "c": _handoff("passed-on", first, token)})
         victim.sendall(relay.seal(os.urandom(32), 1, forged))
-        # It leaves the connection at once, and holds nothing.
-        until(lambda: victim.recv(4096) == b"", 10, "the follower leaving")
+        # It leaves the connection at that frame, and holds nothing.
+        assert _closed(victim, 10)
+        assert any("frame 1 is not the leader's" in r.getMessage() for r in caplog.records)
         assert not out
         found = manager.store.find("passed-on")
         assert found is not None
@@ -506,3 +542,70 @@ def test_a_leader_whose_secret_was_made_anew_leads_again_with_the_new_one(
         "all three on the new secret",
     )
     assert joining.watcher.opened <= 1
+
+
+def test_a_follower_leaves_a_leader_whose_heartbeats_come_late(manager: LockManager) -> None:
+    """Bytes that keep coming are not enough: a heartbeat sent ``SILENCE`` seconds ago or
+    more ends the connection, however recently it came (a process in between that holds
+    the leader's frames back gains nothing by passing them on slowly)."""
+    where = relay.place("mongodb://late", manager.database, manager.collection, "x:")
+    secret = manager.store.relay_secret()
+    fake = FakeLeader(where, secret)
+    try:
+        joined = relay.Follower.join(where, "x:", manager.store.collection.codec_options, secret)
+        assert joined is not None
+        fake.lag = relay.SILENCE + 1  # from now on, every 0.2 s
+        started = time.monotonic()
+        assert "no heartbeat sent in the last" in str(_lost(joined))
+        # Counted from the last heartbeat on time (its frames kept coming all along).
+        assert time.monotonic() - started < relay.SILENCE + 2
+        joined.close()
+    finally:
+        fake.close()
+
+
+def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
+    shared: Callable[[], LockManager], manager: LockManager
+) -> None:
+    """The leader's proof sent back as the follower's is refused; a frame sealed for one
+    connection is refused on another, at the same number; a proof made for one prefix
+    does not count for another."""
+    _, leader, where = _a_leader(shared)
+    secret = manager.store.relay_secret()
+    with _connected(where) as reflecting:
+        nonce = os.urandom(relay.NONCE_BYTES)
+        reflecting.sendall(hello(nonce, "y:"))
+        answer = bson.decode(frame_of(reflecting))
+        # The proof is bound to the prefix of the hello it answers.
+        assert answer["proof"] == relay.proof(
+            "leader", secret, where.address, nonce, answer["nonce"], "y:"
+        )
+        assert answer["proof"] != relay.proof(
+            "leader", secret, where.address, nonce, answer["nonce"], "x:"
+        )
+        reflecting.sendall(bson.encode({"t": "proof", "proof": answer["proof"]}))
+        assert _closed(reflecting, 10)
+    assert len(leader) == 0
+
+    spliced = relay.place("mongodb://spliced", manager.database, manager.collection, "x:")
+    fake = FakeLeader(spliced, secret)
+    try:
+        codec = manager.store.collection.codec_options
+        first = relay.Follower.join(spliced, "x:", codec, secret)
+        assert first is not None
+        until(lambda: len(fake.sealed) >= 6, 10, "a few heartbeats")
+        first.close()
+        second = relay.Follower.join(spliced, "x:", codec, secret)
+        assert second is not None
+        with fake._sending:  # the frame of the first connection with the number due next
+            assert fake._conn is not None
+            old = [
+                sealed
+                for key, number, sealed in fake.sealed
+                if key != fake._key and number == fake._sent
+            ]
+            fake._conn.sendall(old[0])
+        assert "is not the leader's" in str(_lost(second))
+        second.close()
+    finally:
+        fake.close()

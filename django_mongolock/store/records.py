@@ -74,7 +74,10 @@ class RecordQueries(StoreBase):
         that only inserts, so that the first writer's secret is everyone's).
         """
         with self._translate:
-            found = self.relay.find_one({"_id": "secret"})
+            # From the primary, whatever the URL's read preference: a secondary may hold
+            # a secret that was deleted (a leader would take it for a new one).
+            primary = self.relay.with_options(read_preference=pymongo.ReadPreference.PRIMARY)
+            found = primary.find_one({"_id": "secret"})
             if found is None:
                 found = self.relay.find_one_and_update(
                     {"_id": "secret"},
