@@ -29,13 +29,16 @@ encrypted: such a process can read what it passes on.
 
 Health: a leader tells each follower whether its stream is open when it joins, at
 once when that changes, and every ``HEARTBEAT`` seconds, each time with the time it
-sent it (``clock.now()``, which the processes of a host share). A follower counts the
-stream healthy from the moment it heard so (events after that reach it), and gives up
-on a leader whose latest heartbeat was sent ``SILENCE`` seconds ago or more (stopped,
-stuck, or held back on its way): its waiters then fall back to their timers, as they do
-when any stream breaks, while the watcher leads or follows anew, or opens a stream of
-its own. A follower that cannot keep up (``BACKLOG`` bytes
-behind) is dropped, and falls back the same way.
+sent it (``clock.now()``, which the processes of a host share unless they run in
+time namespaces of their own: a heartbeat from a clock ahead of the follower's ends
+the connection, and one from a clock behind it by ``FIRST_WORD_AGE`` or more is
+refused at the handshake). A follower counts the stream healthy from the moment it heard so (events
+after that reach it), and gives up on a leader whose latest heartbeat was sent
+``SILENCE`` seconds ago (stopped, stuck, or held back on its way; a follower too
+slow to read it in time gives up the same way): its waiters then fall back to their
+timers, as they do when any stream breaks, while the watcher leads or follows anew, or
+opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes behind)
+is dropped, and falls back the same way.
 
 Only Linux has abstract sockets; elsewhere every process keeps its own stream.
 """
@@ -74,6 +77,7 @@ __all__ = [
     "Leader",
     "Place",
     "RelayLost",
+    "Skewed",
     "Unproven",
     "bind",
     "place",
@@ -91,7 +95,7 @@ HEARTBEAT = 1.0
 SILENCE = 3.0
 # How long a follower waits for each of a leader's first two words, and a leader for
 # each of a follower's (a leader reads them between two events, or two empty waits of
-# its stream: ``watcher.LEAD_AWAIT``).
+# its stream, ``watcher.LEAD_AWAIT``, or while its stream is down ``MAX_AWAIT``).
 HELLO_TIMEOUT = 1.0
 # No message of the relay comes near this; a longer frame means a broken peer.
 MAX_FRAME = 1 << 20
@@ -138,6 +142,11 @@ class Foreign(Exception):
 
 class RelayLost(Exception):
     """The leader is gone, silent, or sent something unreadable."""
+
+
+class Skewed(Exception):
+    """The leader's clock is not this process's (another time namespace): its heartbeats
+    cannot be timed."""
 
 
 class Unproven(Exception):
@@ -490,11 +499,21 @@ class Leader:
         self._members, self._newcomers = [], []
 
 
+# How far ahead of a follower's clock a heartbeat's time may be: none, on one clock.
+_AHEAD = 0.05
+# How old a leader's first sealed word may be when it comes (sent as it took the
+# follower in): older, its clock is behind, and its heartbeats would soon look silent.
+FIRST_WORD_AGE = SILENCE - 2 * HEARTBEAT
+
+
 def _sent_at(heartbeat: Mapping[str, Any]) -> float:
-    """When a leader sent ``heartbeat`` (``clock.now()``)."""
+    """When a leader sent ``heartbeat`` (``clock.now()``); Skewed if that is ahead of
+    this process's clock."""
     at = heartbeat.get("at")
     if not isinstance(at, float):
         raise RelayLost(f"a heartbeat without its time: {heartbeat!r:.200}")
+    if at > clock.now() + _AHEAD:
+        raise Skewed(f"the relay's leader has a clock {at - clock.now():.1f} s ahead")
     return at
 
 
@@ -511,7 +530,7 @@ class Follower:
         self._sock = sock
         self._reader = reader
         self.healthy = bool(first.get("ok"))
-        # When the leader sent its latest heartbeat (``clock.now()``).
+        # When the leader sent its latest heartbeat (``clock.now()``; never ahead).
         self._beat_at = _sent_at(first)
         # What the leader sent right after its first word, read with it.
         self._pending = pending
@@ -539,7 +558,7 @@ class Follower:
             sock.close()
             logger.debug("relay: could not follow: %s", exc)
             return None
-        except (Foreign, Unproven):
+        except (Foreign, Skewed, Unproven):
             sock.close()
             raise
         return cls(sock, reader, first, more)
@@ -569,17 +588,17 @@ class Follower:
         first, more = _read_first(sock, reader, HELLO_TIMEOUT)
         if first.get("t") != "h":
             raise RelayLost(f"not a leader's first word: {first!r:.200}")
-        if clock.now() - _sent_at(first) > SILENCE:
-            raise RelayLost("the leader's first word is old")
+        if clock.now() - _sent_at(first) > FIRST_WORD_AGE:
+            raise Skewed("the relay's leader has a clock behind, or took too long to answer")
         return first, more
 
     def read(self, timeout: float) -> list[dict[str, Any]]:
         """The messages that come within ``timeout`` seconds (maybe none); RelayLost if
         the leader closed, garbled, or sent its latest heartbeat ``SILENCE`` seconds ago
-        (whatever else came since, and whenever that heartbeat came)."""
+        (whatever else came since): nothing read was held back longer than that."""
         messages, self._pending = self._pending, []
         if not messages:
-            self._sock.settimeout(timeout)
+            self._sock.settimeout(max(0.0, min(timeout, self._silent_at() - clock.now())))
             try:
                 data = self._sock.recv(65536)
             except TimeoutError:
@@ -590,13 +609,19 @@ class Follower:
                 raise RelayLost("the leader closed the connection")
             if data:
                 messages = self._reader.feed(data)
-        for message in messages:
-            if message.get("t") == "h":
-                self._beat_at = max(self._beat_at, _sent_at(message))
-        silent = clock.now() - self._beat_at
-        if silent > SILENCE:
-            raise RelayLost(f"no heartbeat sent in the last {silent:.1f} s")
+        try:
+            for message in messages:
+                if message.get("t") == "h":
+                    self._beat_at = max(self._beat_at, _sent_at(message))
+        except Skewed as exc:
+            raise RelayLost(str(exc)) from exc
+        if clock.now() >= self._silent_at():
+            raise RelayLost(f"no heartbeat sent in the last {SILENCE:g} s")
         return messages
+
+    def _silent_at(self) -> float:
+        """When the leader counts as silent, if no heartbeat comes before."""
+        return self._beat_at + SILENCE
 
     def close(self) -> None:
         self._sock.close()

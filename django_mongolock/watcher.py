@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
+import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
 
 from django_mongolock import clock, mongo, queries, relay
@@ -50,6 +51,8 @@ IDLE_EXIT = 60.0
 # A process that found a relay's name held but nobody answering streams on its own, and
 # tries to lead or follow again this often.
 RELAY_RETRY = 10.0
+# How long a leader's check of the relay secret may take (``_secret_changed``).
+SECRET_CHECK_TIMEOUT = 1.0
 # How often, and how far apart, a process tries to lead or follow before streaming alone.
 JOIN_TRIES = 3
 JOIN_PAUSE = 0.05
@@ -223,6 +226,8 @@ class Watcher:
             logger.warning("%s: this process streams on its own", exc)
         except relay.Unproven as exc:
             self._troubled("unproven", str(exc))
+        except relay.Skewed as exc:
+            self._troubled("clock", str(exc))
         except (PyMongoError, MongoLockError) as exc:
             logger.debug("relay: no client to follow with: %s", exc)
         return None
@@ -242,16 +247,15 @@ class Watcher:
                 if leader is None and follower is None and where is not None:
                     # A leader that just died may hold its name a moment longer than
                     # its connections: a few quick tries before streaming alone.
-                    for _ in range(JOIN_TRIES):
-                        joined = self._lead_or_follow(where)
+                    secret = self._relay_secret()
+                    for _ in range(JOIN_TRIES if secret is not None else 0):
+                        joined = self._lead_or_follow(where, secret)
                         if isinstance(joined, relay.Leader):
                             leader = joined
                         else:
                             follower = joined
                         if joined is not None or self._relay_place() is None:
                             break
-                        if self._secret is None:
-                            break  # not for want of an answer: the next try is later
                         if self._stop.wait(JOIN_PAUSE):
                             return
                 if follower is not None:
@@ -282,7 +286,9 @@ class Watcher:
         (its document was deleted): then it stops leading, and leads again, or follows,
         with the new one. An unreadable secret changes nothing."""
         try:
-            secret = self._store_of().relay_secret()
+            # Bounded well below ``relay.SILENCE``: no heartbeat goes out meanwhile.
+            with pymongo.timeout(SECRET_CHECK_TIMEOUT):
+                secret = self._store_of().relay_secret()
         except (PyMongoError, MongoLockError):
             return False
         if secret == leader.secret:
@@ -292,15 +298,19 @@ class Watcher:
         leader.close()
         return True
 
-    def _lead_or_follow(self, where: relay.Place) -> relay.Leader | relay.Follower | None:
+    def _lead_or_follow(
+        self, where: relay.Place, secret: bytes | None = None
+    ) -> relay.Leader | relay.Follower | None:
         """Lead the relay at ``where`` if nobody holds its name, else follow its leader
         (None: nobody answered, or this process must stream alone).
 
-        Either way with the secret the database holds now, read first (one read by
-        ``_id``): not one read before its document was deleted and made anew, and not
-        while holding the name, where followers would wait for an answer meanwhile.
+        Either way with the secret the database holds now (``secret``: read for this
+        round of tries), read first (one read by ``_id``): not one read before its
+        document was deleted and made anew, and not while holding the name, where
+        followers would wait for an answer meanwhile.
         """
-        secret = self._relay_secret()
+        if secret is None:
+            secret = self._relay_secret()
         if secret is None:
             return None
         try:

@@ -59,9 +59,9 @@ def join(address: bytes, secret: bytes, prefix: str = "x:") -> tuple[socket.sock
 
 class FakeLeader:
     """A process of the same user that holds the relay's name: it answers each hello as a
-    leader whose secret is ``secret`` (its proof made for ``address`` and the follower's
-    nonce, unless told others), then beats and sends what it is told to. Its heartbeats
-    say they were sent ``lag`` seconds before they were."""
+    leader whose secret is ``secret`` (its proof made for ``address``, the follower's
+    nonce and its prefix, unless told others), then beats and sends what it is told to.
+    Its heartbeats say they were sent ``lag`` seconds before they were."""
 
     def __init__(
         self,
@@ -70,12 +70,14 @@ class FakeLeader:
         *,
         address: bytes | None = None,
         nonce: bytes | None = None,
+        prefix: str | None = None,
     ) -> None:
         listener = relay.bind(where)
         assert listener is not None, "the relay's name is taken"
         self._listener = listener
         self._address = where.address if address is None else address
         self._nonce = nonce
+        self._prefix = prefix
         self._secret = secret
         self._conn: socket.socket | None = None
         self._key = b""
@@ -107,7 +109,9 @@ class FakeLeader:
         self.hellos += 1
         ours = os.urandom(relay.NONCE_BYTES)
         proved = self._nonce or theirs
-        said = relay.proof("leader", self._secret, self._address, proved, ours, prefix)
+        said = relay.proof(
+            "leader", self._secret, self._address, proved, ours, self._prefix or prefix
+        )
         conn.sendall(bson.encode({"t": "a", "nonce": ours, "proof": said}))
         # The follower's proof, or its hang-up when the answer did not prove anything.
         if not conn.recv(4096):

@@ -333,18 +333,20 @@ def test_a_relay_secret_that_is_not_one_is_refused_and_the_process_streams_alone
     assert alone.watcher._secret is None
 
 
-@pytest.mark.parametrize("made_for", ["another address", "another nonce"])
+@pytest.mark.parametrize("made_for", ["another address", "another nonce", "another prefix"])
 def test_a_leaders_proof_counts_only_for_this_name_and_this_hello(
     manager: LockManager, made_for: str
 ) -> None:
-    """The right secret is not enough: a proof made for another relay's name, or for
-    another hello (a replay), is refused."""
+    """The right secret is not enough: a proof made for another relay's name, for another
+    hello (a replay), or for another prefix than the follower's is refused."""
     where = relay.place("mongodb://proof", manager.database, manager.collection, "x:")
     secret = manager.store.relay_secret()
     if made_for == "another address":
         fake = FakeLeader(where, secret, address=where.address + b"-other")
-    else:
+    elif made_for == "another nonce":
         fake = FakeLeader(where, secret, nonce=os.urandom(relay.NONCE_BYTES))
+    else:  # a process in between changed the hello's prefix (which handoffs it gets)
+        fake = FakeLeader(where, secret, prefix="y:")
     codec = manager.store.collection.codec_options
     try:
         with pytest.raises(relay.Unproven):
@@ -565,11 +567,12 @@ def test_a_follower_leaves_a_leader_whose_heartbeats_come_late(manager: LockMana
 
 
 def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
-    shared: Callable[[], LockManager], manager: LockManager
+    shared: Callable[[], LockManager], manager: LockManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The leader's proof sent back as the follower's is refused; a frame sealed for one
     connection is refused on another, at the same number; a proof made for one prefix
     does not count for another."""
+    caplog.set_level(logging.INFO, logger="django_mongolock.relay")
     _, leader, where = _a_leader(shared)
     secret = manager.store.relay_secret()
     with _connected(where) as reflecting:
@@ -586,6 +589,7 @@ def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
         reflecting.sendall(bson.encode({"t": "proof", "proof": answer["proof"]}))
         assert _closed(reflecting, 10)
     assert len(leader) == 0
+    assert any("does not know the relay secret" in r.getMessage() for r in caplog.records)
 
     spliced = relay.place("mongodb://spliced", manager.database, manager.collection, "x:")
     fake = FakeLeader(spliced, secret)
@@ -593,19 +597,39 @@ def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
         codec = manager.store.collection.codec_options
         first = relay.Follower.join(spliced, "x:", codec, secret)
         assert first is not None
-        until(lambda: len(fake.sealed) >= 6, 10, "a few heartbeats")
         first.close()
         second = relay.Follower.join(spliced, "x:", codec, secret)
         assert second is not None
-        with fake._sending:  # the frame of the first connection with the number due next
+        old_key = fake.sealed[0][0]
+        assert old_key != fake._key
+        with fake._sending:  # no heartbeat of the fake's meanwhile
             assert fake._conn is not None
-            old = [
-                sealed
-                for key, number, sealed in fake.sealed
-                if key != fake._key and number == fake._sent
-            ]
-            fake._conn.sendall(old[0])
-        assert "is not the leader's" in str(_lost(second))
+            due = fake._sent  # the number the follower reads next
+            fake._conn.sendall(relay.seal(old_key, due, bson.encode({"t": "h", "ok": True})))
+            assert f"frame {due} is not the leader's" in str(_lost(second))
         second.close()
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("lag", [relay.FIRST_WORD_AGE + 1, -1.0], ids=["behind", "ahead"])
+def test_a_leader_on_another_clock_is_not_followed(manager: LockManager, lag: float) -> None:
+    """Heartbeats from a clock behind (another time namespace) would soon look silent,
+    and from one ahead could never: such a leader is refused at the handshake, and one
+    whose clock jumps ahead later is left."""
+    where = relay.place("mongodb://clock", manager.database, manager.collection, "x:")
+    secret = manager.store.relay_secret()
+    codec = manager.store.collection.codec_options
+    fake = FakeLeader(where, secret)
+    try:
+        fake.lag = lag
+        with pytest.raises(relay.Skewed):
+            relay.Follower.join(where, "x:", codec, secret)
+        fake.lag = 0.0
+        joined = relay.Follower.join(where, "x:", codec, secret)
+        assert joined is not None
+        fake.lag = -5.0
+        assert "ahead" in str(_lost(joined))
+        joined.close()
     finally:
         fake.close()
