@@ -31,7 +31,7 @@ Health: a leader tells each follower whether its stream is open when it joins, a
 once when that changes, and every ``HEARTBEAT`` seconds, each time with the time it
 sent it (``clock.now()``, which the processes of a host share unless they run in
 time namespaces of their own: a heartbeat from a clock ahead of the follower's ends
-the connection, and one from a clock behind it by ``FIRST_WORD_AGE`` or more is
+the connection, and one from a clock behind it by more than ``FIRST_WORD_AGE`` is
 refused at the handshake). A follower counts the stream healthy from the moment it heard so (events
 after that reach it), and gives up on a leader whose latest heartbeat was sent
 ``SILENCE`` seconds ago (stopped, stuck, or held back on its way; a follower too
@@ -218,7 +218,11 @@ def session_key(
 
 def seal(key: bytes, number: int, frame: bytes) -> bytes:
     """``frame``, the ``number``-th the leader sends on a connection, and its HMAC."""
-    return frame + _mac(key, number.to_bytes(8, "little"), frame)
+    return frame + _frame_mac(key, number, frame)
+
+
+def _frame_mac(key: bytes, number: int, frame: bytes) -> bytes:
+    return _mac(key, number.to_bytes(8, "little"), frame)
 
 
 def _frame(message: Mapping[str, Any]) -> bytes:
@@ -254,7 +258,7 @@ class _Reader:
             frame = bytes(self._buffer[:size])
             if self._key is not None:
                 told = bytes(self._buffer[size : size + mac])
-                if not hmac.compare_digest(told, seal(self._key, self._number, frame)[size:]):
+                if not hmac.compare_digest(told, _frame_mac(self._key, self._number, frame)):
                     raise RelayLost(f"frame {self._number} is not the leader's")
                 self._number += 1
             try:
@@ -348,8 +352,9 @@ class Leader:
         return len(self._members)
 
     def admit(self) -> None:
-        """Take in every follower that connected and said hello; tell each whether the
-        stream is open. A newcomer silent for ``HELLO_TIMEOUT`` is turned away."""
+        """Take in every follower that connected, said hello and proved it knows the
+        secret; tell each whether the stream is open. A newcomer silent for
+        ``HELLO_TIMEOUT`` at either step is turned away."""
         if self.closed:
             return
         for _ in range(ADMIT_AT_ONCE):
@@ -541,7 +546,8 @@ class Follower:
     ) -> Follower | None:
         """Connect to the leader at ``where`` (None: nobody leads there, or it did not
         answer in time); ``prefix`` says which handoffs are this process's. Foreign: the
-        name is another user's; Unproven: its holder does not know ``secret``."""
+        name is another user's; Unproven: its holder does not know ``secret``; Skewed:
+        its first word was old (a clock behind, or a leader far too slow to answer)."""
         try:
             sock = _tracked(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         except OSError as exc:
@@ -595,10 +601,14 @@ class Follower:
     def read(self, timeout: float) -> list[dict[str, Any]]:
         """The messages that come within ``timeout`` seconds (maybe none); RelayLost if
         the leader closed, garbled, or sent its latest heartbeat ``SILENCE`` seconds ago
-        (whatever else came since): nothing read was held back longer than that."""
+        (whatever else came since): a follower that keeps reading is held back no longer.
+        """
         messages, self._pending = self._pending, []
         if not messages:
-            self._sock.settimeout(max(0.0, min(timeout, self._silent_at() - clock.now())))
+            left = self._silent_at() - clock.now()
+            if left <= 0:
+                raise RelayLost(f"no heartbeat sent in the last {SILENCE:g} s")
+            self._sock.settimeout(min(timeout, left))
             try:
                 data = self._sock.recv(65536)
             except TimeoutError:

@@ -52,7 +52,7 @@ IDLE_EXIT = 60.0
 # tries to lead or follow again this often.
 RELAY_RETRY = 10.0
 # How long a leader's check of the relay secret may take (``_secret_changed``).
-SECRET_CHECK_TIMEOUT = 1.0
+SECRET_CHECK_TIMEOUT = 0.5
 # How often, and how far apart, a process tries to lead or follow before streaming alone.
 JOIN_TRIES = 3
 JOIN_PAUSE = 0.05
@@ -130,9 +130,6 @@ class Watcher:
         self._unfiltered = False
         # The relay's name is another user's, or cannot be bound: never lead or follow.
         self._alone = False
-        # The relay secret (``relay_secret``), which leaders and followers prove they
-        # know: read when this process first needs it, and again before it leads.
-        self._secret: bytes | None = None
         # What went wrong last with the relay, logged once until it changes.
         self._trouble = ""
         self._reopen = threading.Event()
@@ -196,19 +193,19 @@ class Watcher:
         return self._relay_of()
 
     def _relay_secret(self) -> bytes | None:
-        """The relay secret as the database holds it now (None: it cannot be read)."""
+        """The relay secret (``relay_secret``), which leaders and followers prove they
+        know, as the database holds it now (None: it cannot be read)."""
         try:
-            self._secret = self._store_of().relay_secret()
+            return self._store_of().relay_secret()
         except (PyMongoError, MongoLockError) as exc:
-            self._secret = None
-            self._troubled("secret", f"relay: no secret to lead or follow with: {exc}")
-        return self._secret
+            self._troubled("secret", f"no secret to lead or follow with: {exc}")
+            return None
 
     def _troubled(self, kind: str, trouble: str = "") -> None:
         """Log what keeps this process off the relay when that ``kind`` of trouble first
         comes, not on each retry (every ``RELAY_RETRY`` seconds); ``""``: none now."""
         if kind and kind != self._trouble:
-            logger.warning("%s: this process streams on its own for now", trouble)
+            logger.warning("relay: %s: this process streams on its own for now", trouble)
         elif not kind and self._trouble:
             logger.info("relay: this process leads or follows again")
         self._trouble = kind
@@ -286,14 +283,13 @@ class Watcher:
         (its document was deleted): then it stops leading, and leads again, or follows,
         with the new one. An unreadable secret changes nothing."""
         try:
-            # Bounded well below ``relay.SILENCE``: no heartbeat goes out meanwhile.
+            # No heartbeat goes out meanwhile: bounded, and right after one.
             with pymongo.timeout(SECRET_CHECK_TIMEOUT):
                 secret = self._store_of().relay_secret()
         except (PyMongoError, MongoLockError):
             return False
         if secret == leader.secret:
             return False
-        self._secret = secret
         logger.warning("relay: the relay secret changed: leading or following anew with it")
         leader.close()
         return True
@@ -331,7 +327,7 @@ class Watcher:
         """Read the leader's events until it is lost (True) or nobody has waited for a
         while (False: the thread ends).
 
-        The leader's events reach this process from its hello on (a stream of this
+        The leader's events reach this process from when it took it in (a stream of this
         process's that it takes over from stopped a little before: ``_stream`` told its
         waiters to look again, as when any stream breaks).
         """
@@ -433,6 +429,9 @@ class Watcher:
                         leader.beat()
                         if clock.now() >= retry_at:
                             retry_at = clock.now() + RELAY_RETRY
+                            # A heartbeat just before: the check may take up to
+                            # ``SECRET_CHECK_TIMEOUT``, and the next one is a second off.
+                            leader.health(True)
                             if self._secret_changed(leader):
                                 return None
                     elif where is not None and clock.now() >= retry_at:

@@ -293,22 +293,6 @@ def test_a_coroutine_is_handed_a_lock_through_the_relay_without_an_attempt(
     assert lock.release()
 
 
-def test_a_follower_whose_secret_was_made_anew_reads_it_again_and_follows(
-    shared: Callable[[], LockManager], manager: LockManager
-) -> None:
-    """Its secret was read before the relay's document was deleted and made anew: it
-    reads the secret again before it follows, and follows."""
-    leading = shared()
-    leading.watcher.ensure_running()
-    until(streaming_as(leading.watcher, "leader"), 30, "leading")
-    joining = shared()
-    joining.watcher._secret = os.urandom(32)  # the one of before
-    joining.watcher.ensure_running()
-    until(streaming_as(joining.watcher, "follower"), 30, "following")
-    assert joining.watcher._secret == manager.store.relay_secret()
-    assert joining.watcher.opened == 0
-
-
 def test_every_process_reads_the_one_relay_secret(manager: LockManager) -> None:
     """Made by whoever comes first, the same for all who race to make it."""
     with ThreadPoolExecutor(8) as pool:
@@ -330,7 +314,7 @@ def test_a_relay_secret_that_is_not_one_is_refused_and_the_process_streams_alone
     until(streaming_as(alone.watcher, "own"), 30, "a stream of its own")
     wait.woken_by_release("own")
     assert alone.watcher.leader is None
-    assert alone.watcher._secret is None
+    assert alone.watcher._trouble == "secret"
 
 
 @pytest.mark.parametrize("made_for", ["another address", "another nonce", "another prefix"])
@@ -533,16 +517,20 @@ def test_a_leader_whose_secret_was_made_anew_leads_again_with_the_new_one(
     # A process that read only the new secret follows, or leads: no stream of its own.
     joining = shared()
     joining.watcher.ensure_running()
-    until(
-        lambda: (
-            {leading.watcher.role, following.watcher.role, joining.watcher.role}
-            == {"leader", "follower"}
-            and all(m.watcher.healthy for m in (leading, following, joining))
-            and all(m.watcher._secret == new for m in (leading, following, joining))
-        ),
-        30,
-        "all three on the new secret",
-    )
+
+    def on_the_new_secret() -> bool:
+        """One leads with the new secret, and the others follow it (they proved it)."""
+        managers = (leading, following, joining)
+        leaders = [m.watcher.leader for m in managers if m.watcher.role == "leader"]
+        roles = sorted(str(m.watcher.role) for m in managers)
+        return (
+            roles == ["follower", "follower", "leader"]
+            and all(m.watcher.healthy for m in managers)
+            and leaders[0] is not None
+            and leaders[0].secret == new
+        )
+
+    until(on_the_new_secret, 30, "one leading with the new secret, two following it")
     assert joining.watcher.opened <= 1
 
 
