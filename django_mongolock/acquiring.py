@@ -113,14 +113,15 @@ def _wait(
     watcher = source.watcher
     watcher.ensure_running(plan.request.owner)
     while True:
-        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
+        since = watcher.healthy_since()
+        wake_at = plan.wake_at(since, clock.now())
         if wake_at is None:
             with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
                 # A release may hand us the lock right now: leaving gives it back.
                 store.leave(plan.request.key, plan.request.owner)
             raise plan.busy(clock.now())
         while (left := wake_at - clock.now()) > 0 and wake.wait(left):
-            if plan.woken(wake.count) or wake.handed is not None:
+            if _stirred(plan, wake, watcher, since):
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
@@ -146,6 +147,15 @@ def _wait(
             if (kept := _kept(store, plan, sent_at, mine, keep)) is not None:
                 return kept
             _renamed(source, plan, wake)
+
+
+def _stirred(plan: WaitPlan, wake: Wake | AsyncWake, watcher: Watcher, since: float | None) -> bool:
+    """Whether a waiter woken before its time tries now: its turn may have come, a
+    release handed it the lock, or its stream failed or reopened since it planned its
+    sleep (``since``). Then releases may have gone unheard, and a timer set for a stream
+    no longer holds: a waiter behind others would sleep on while MongoDB is gone.
+    """
+    return plan.woken(wake.count) or wake.handed is not None or watcher.healthy_since() != since
 
 
 def _kept(
@@ -249,7 +259,8 @@ async def _await(
     watcher = source.watcher
     watcher.ensure_running(plan.request.owner)
     while True:
-        wake_at = plan.wake_at(watcher.healthy_since(), clock.now())
+        since = watcher.healthy_since()
+        wake_at = plan.wake_at(since, clock.now())
         if wake_at is None:
             await _leave_line(store, plan.request)
             raise plan.busy(clock.now())
@@ -261,7 +272,7 @@ async def _await(
                     await wake.wait()
             except TimeoutError:
                 break
-            if plan.woken(wake.count) or wake.handed is not None:
+            if _stirred(plan, wake, watcher, since):
                 break
             wake.clear()
             wake_at = plan.behind(wake_at, clock.now())

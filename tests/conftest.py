@@ -15,7 +15,7 @@ from pymongo import MongoClient
 from django_mongolock import LockManager, events, stats
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
-from django_mongolock.testing import find_mongod, free_port
+from django_mongolock.testing import MongoReplicaSet, find_mongod, free_port
 
 
 @pytest.fixture
@@ -94,6 +94,20 @@ def lock_events(no_leftovers: None) -> Iterator[list[tuple[str, Any]]]:
         ("lost", lock_lost),
     ):
         signal.disconnect(receivers[name])
+
+
+@pytest.fixture(scope="session")
+def fail_points() -> Iterator[MongoReplicaSet]:
+    """A single-node replica set that accepts fail points (``enableTestCommands``): a
+    server error on the one command a test names, against a real server."""
+    replica_set = MongoReplicaSet(
+        1, name="failpoints", extra_args=["--setParameter", "enableTestCommands=1"]
+    )
+    replica_set.start()
+    try:
+        yield replica_set
+    finally:
+        replica_set.stop()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,10 @@ the same user that holds the relay's name and says what it likes (``FakeLeader``
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
+import time
 from typing import Any
 
 import bson
@@ -155,3 +157,20 @@ class FakeLeader:
         if self._conn is not None:
             self._conn.close()
         self._listener.close()
+
+
+def drained(sock: socket.socket, timeout: float) -> int:
+    """Read ``sock`` until its peer closes it (bounded); how many bytes it had."""
+    total = 0
+    deadline = time.monotonic() + timeout
+    sock.setblocking(False)
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"the connection did not end within {timeout:g} s"
+        ready, _, _ = select.select([sock], [], [], left)
+        if not ready:
+            continue
+        data = sock.recv(65536)
+        if not data:
+            return total
+        total += len(data)

@@ -616,28 +616,15 @@ def test_a_request_made_after_the_document_was_dropped_mid_run_is_not_lost(
     assert kept_until[0] > soon + timedelta(days=5)
 
 
-@pytest.fixture(scope="module")
-def testable() -> Iterator[MongoReplicaSet]:
-    """A single-node replica set that accepts fail points (``enableTestCommands``)."""
-    replica_set = MongoReplicaSet(
-        1, name="coalesce", extra_args=["--setParameter", "enableTestCommands=1"]
-    )
-    replica_set.start()
-    try:
-        yield replica_set
-    finally:
-        replica_set.stop()
-
-
 def test_a_finished_run_returns_its_result_when_the_extra_runs_acquire_fails(
-    testable: MongoReplicaSet,
+    fail_points: MongoReplicaSet,
 ) -> None:
     """A server error on the way to the extra run does not turn the finished run into a
     failure; the request stays pending for the next run of the key."""
-    admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
-    client: MongoClient[dict[str, Any]] = MongoClient(testable.url, appname="coalesce-holder")
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+    client: MongoClient[dict[str, Any]] = MongoClient(fail_points.url, appname="coalesce-holder")
     holding = LockManager(client=client, database="coalesce")
-    busy = LockManager(testable.url, database="coalesce")
+    busy = LockManager(fail_points.url, database="coalesce")
     runs: list[int] = []
 
     def fail_the_next_acquire() -> None:

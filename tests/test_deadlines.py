@@ -27,23 +27,10 @@ from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
 
 
-@pytest.fixture(scope="module")
-def testable() -> Iterator[MongoReplicaSet]:
-    """A single-node replica set that accepts fail points (``enableTestCommands``)."""
-    replica_set = MongoReplicaSet(
-        1, name="deadlines", extra_args=["--setParameter", "enableTestCommands=1"]
-    )
-    replica_set.start()
-    try:
-        yield replica_set
-    finally:
-        replica_set.stop()
-
-
 @pytest.fixture
-def hang(testable: MongoReplicaSet) -> Iterator[Any]:
+def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
     """``hang(app, ms=5000)``: the server holds every write of clients named ``app``."""
-    admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
 
     def arm(app: str, ms: int = 5000, times: int | None = None) -> None:
         admin.admin.command(
@@ -63,9 +50,9 @@ def hang(testable: MongoReplicaSet) -> Iterator[Any]:
     admin.close()
 
 
-def _manager(testable: MongoReplicaSet, database: str, app: str) -> LockManager:
+def _manager(fail_points: MongoReplicaSet, database: str, app: str) -> LockManager:
     client: MongoClient[Any] = MongoClient(
-        testable.url, appname=app, w="majority", tz_aware=True, timeoutMS=10_000
+        fail_points.url, appname=app, w="majority", tz_aware=True, timeoutMS=10_000
     )
     return LockManager(client=client, database=database)
 
@@ -103,11 +90,11 @@ class Timeline:
 
 
 def test_a_hung_refresh_does_not_delay_the_loss_notices(
-    testable: MongoReplicaSet, hang: Any, request: pytest.FixtureRequest
+    fail_points: MongoReplicaSet, hang: Any, request: pytest.FixtureRequest
 ) -> None:
     database = f"hung_{request.node.name[-20:]}"
-    holder = _manager(testable, database, "hung-holder")
-    contender = _manager(testable, database, "contender")
+    holder = _manager(fail_points, database, "hung-holder")
+    contender = _manager(fail_points, database, "contender")
     try:
         lock = holder.acquire("report", ttl=1.5)
         timeline = Timeline(lock)
@@ -125,9 +112,9 @@ def test_a_hung_refresh_does_not_delay_the_loss_notices(
             assert lock.deadline <= at < taken_at, (what, at, lock.deadline, taken_at)
         assert taken.token > lock.token
         # Healed: the old holder never acts as holder again.
-        testable_admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
-        testable_admin.admin.command("configureFailPoint", "failCommand", mode="off")
-        testable_admin.close()
+        server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+        server_admin.admin.command("configureFailPoint", "failCommand", mode="off")
+        server_admin.close()
         assert not lock.valid
         with pytest.raises(LockLost):
             lock.refresh()
@@ -142,10 +129,10 @@ def test_a_hung_refresh_does_not_delay_the_loss_notices(
 
 
 def test_a_hung_server_connection_does_not_lapse_another_managers_locks(
-    testable: MongoReplicaSet, hang: Any, manager: LockManager
+    fail_points: MongoReplicaSet, hang: Any, manager: LockManager
 ) -> None:
     database = "hung_isolated"
-    hung = _manager(testable, database, "hung-one")
+    hung = _manager(fail_points, database, "hung-one")
     try:
         doomed = hung.acquire("doomed", ttl=1.0)
         kept = manager.acquire("kept-elsewhere", ttl=1.0)
@@ -386,10 +373,10 @@ def test_the_clock_keeps_counting_through_suspend_where_it_can() -> None:
 
 
 def test_a_refresh_to_a_shorter_lease_counts_before_its_answer(
-    testable: MongoReplicaSet, hang: Any
+    fail_points: MongoReplicaSet, hang: Any
 ) -> None:
     """The server may apply a shorter lease whose answer never comes: count with it."""
-    holder = _manager(testable, "shorter", "shortening")
+    holder = _manager(fail_points, "shorter", "shortening")
     try:
         lock = holder.acquire("shorter", ttl=30)
         hang("shortening")
@@ -501,11 +488,11 @@ def test_a_failing_lock_released_receiver_does_not_break_release(
 
 
 def test_stop_waits_for_a_campaign_under_way(
-    testable: MongoReplicaSet, hang: Any, manager: LockManager
+    fail_points: MongoReplicaSet, hang: Any, manager: LockManager
 ) -> None:
     """An attempt that wins after stop() gives its lock back before stop() returns."""
-    campaigner = _manager(testable, "stopwait", "campaigner")
-    observer = _manager(testable, "stopwait", "observer")
+    campaigner = _manager(fail_points, "stopwait", "campaigner")
+    observer = _manager(fail_points, "stopwait", "observer")
     try:
         hang("campaigner", ms=1500)
         election = campaigner.elect("stop-wait", ttl=30)
@@ -525,11 +512,11 @@ def test_stop_waits_for_a_campaign_under_way(
 
 
 def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
-    testable: MongoReplicaSet, hang: Any
+    fail_points: MongoReplicaSet, hang: Any
 ) -> None:
     """The server holds the acquire for 2 s of a 3 s lease: bounded from its request, the
     lease would end 0.75 s after the answer; a refresh sent at once bounds it anew."""
-    late = _manager(testable, "late", "late-acquirer")
+    late = _manager(fail_points, "late", "late-acquirer")
     try:
         hang("late-acquirer", ms=2000, times=1)
         lock = late.acquire("late", ttl=3.0)

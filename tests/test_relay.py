@@ -20,7 +20,7 @@ from django_mongolock import LockManager, clock, queries, relay
 from django_mongolock import watcher as watching
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.owners import host_prefix
-from tests.relay_peers import FakeLeader, frame_of, hello, join
+from tests.relay_peers import FakeLeader, drained, frame_of, hello, join
 from tests.waiting import Wait, count_attempts, in_line, lead_and_follow, streaming_as, until
 
 
@@ -391,20 +391,6 @@ def test_a_leader_turns_away_a_follower_that_does_not_know_the_secret(
         until(lambda: len(leader) == 1, 10, "the follower counted")
 
 
-def _closed(sock: socket.socket, timeout: float) -> bool:
-    """Whether the peer closes ``sock`` within ``timeout`` seconds (what it sends first
-    is read and dropped)."""
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(left)
-        try:
-            if sock.recv(4096) == b"":
-                return True
-        except TimeoutError:
-            return False
-    return False
-
-
 def _lost(follower: relay.Follower, timeout: float = 10.0) -> relay.RelayLost:
     """Read ``follower`` until it finds its leader lost (bounded); why."""
     deadline = time.monotonic() + timeout
@@ -492,7 +478,7 @@ def test_a_process_that_passes_a_true_leaders_handshake_on_cannot_forge_a_handof
         forged = bson.encode({"t": "e", "c": _handoff("passed-on", first, token)})
         victim.sendall(relay.seal(os.urandom(32), 1, forged))
         # It leaves the connection at that frame, and holds nothing.
-        assert _closed(victim, 10)
+        drained(victim, 10)  # the follower hung up
         assert any("frame 1 is not the leader's" in r.getMessage() for r in caplog.records)
         assert not out
         found = manager.store.find("passed-on")
@@ -575,7 +561,7 @@ def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
             "leader", secret, where.address, nonce, answer["nonce"], "x:"
         )
         reflecting.sendall(bson.encode({"t": "proof", "proof": answer["proof"]}))
-        assert _closed(reflecting, 10)
+        drained(reflecting, 10)  # the leader hung up
     assert len(leader) == 0
     assert any("does not know the relay secret" in r.getMessage() for r in caplog.records)
 

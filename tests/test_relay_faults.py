@@ -16,7 +16,6 @@ import os
 import queue
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import pytest
 from django_mongolock import LockManager, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
-from tests.relay_peers import hello, join
+from tests.relay_peers import drained, hello, join
 from tests.waiting import LEASE, Wait, lead_and_follow, streaming_as, until
 
 pytestmark = [
@@ -225,23 +224,6 @@ def test_a_leader_turns_away_a_process_of_another_user(
     Wait(manager, leading, "stranger").woken_by_release("leader")
 
 
-def _drained(sock: socket.socket, timeout: float) -> int:
-    """Read ``sock`` to its end (bounded); how many bytes it had."""
-    total = 0
-    deadline = time.monotonic() + timeout
-    sock.setblocking(False)
-    while True:
-        left = deadline - time.monotonic()
-        assert left > 0, f"the connection did not end within {timeout:g} s"
-        ready, _, _ = select.select([sock], [], [], left)
-        if not ready:
-            continue
-        data = sock.recv(65536)
-        if not data:
-            return total
-        total += len(data)
-
-
 def test_a_follower_that_does_not_read_is_dropped_and_the_others_go_on(
     shared: Callable[[], LockManager], manager: LockManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,7 +258,7 @@ def test_a_follower_that_does_not_read_is_dropped_and_the_others_go_on(
         assert leader.dropped == dropped + 1
         assert len(leader) == 1
         # The one dropped was the slow one: its connection ends after what it was sent.
-        assert _drained(slow, 10) > 0
+        assert drained(slow, 10) > 0
     # The real follower kept its place all along: no fallback, every event.
     assert following.watcher.role == "follower"
     assert following.watcher.opened == opened

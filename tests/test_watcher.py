@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from django_mongolock import Lock, LockManager
+from django_mongolock.acquirer import BEHIND_IN_LINE
+from django_mongolock.astore import AsyncLockStore
+from django_mongolock.store import LockStore
+from django_mongolock.testing import MongoReplicaSet
 from django_mongolock.watcher import Watcher
-from tests.waiting import count_attempts, stream_open
+from tests.waiting import count_attempts, in_line, stream_open, until
 
 
 def _wait_in_thread(
@@ -141,3 +147,86 @@ def test_the_watcher_is_one_thread_shared_by_all_waiters(
     assert tokens == sorted(tokens)
     assert tokens[0] > holder.token
     assert other.watcher.opened == 1
+
+
+def _attempts_by_owner(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str]]:
+    """When each acquire attempt of any store (sync or async) is sent from now on, and
+    for which holder id."""
+    attempts: list[tuple[float, str]] = []
+    sync, coroutine = LockStore.acquire, AsyncLockStore.acquire
+
+    def acquire(self: LockStore, key: str, owner: str, *args: Any, **kwargs: Any) -> Any:
+        attempts.append((time.monotonic(), owner))
+        return sync(self, key, owner, *args, **kwargs)
+
+    async def aacquire(
+        self: AsyncLockStore, key: str, owner: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        attempts.append((time.monotonic(), owner))
+        return await coroutine(self, key, owner, *args, **kwargs)
+
+    monkeypatch.setattr(LockStore, "acquire", acquire)
+    monkeypatch.setattr(AsyncLockStore, "acquire", aacquire)
+    return attempts
+
+
+@pytest.mark.parametrize("kind", ["thread", "coroutine"])
+def test_a_waiter_behind_another_tries_again_as_soon_as_its_stream_fails(
+    fail_points: MongoReplicaSet, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter behind another sleeps on its stream until the line check; when the
+    stream fails, the releases that would have woken it may go unheard (and MongoDB may
+    be gone): it tries again at once, not when its timer ends."""
+    database = f"stream-fails-{kind}"
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+    holding = LockManager(fail_points.url, database=database)
+    waiting = LockManager(fail_points.url, database=database)
+    results: list[Any] = []
+
+    def wait() -> None:
+        try:
+            if kind == "thread":
+                lock = waiting.acquire("line", ttl=30, timeout=30)
+            else:
+                lock = asyncio.run(waiting.aacquire("line", ttl=30, timeout=30))
+            results.append(int(lock.token))
+            lock.release()
+        except Exception as exc:  # reported to the test
+            results.append(exc)
+
+    try:
+        holder = holding.acquire("line", ttl=30)
+        stream_open(waiting)
+        threads = [threading.Thread(target=wait) for _ in range(2)]
+        for count, thread in enumerate(threads, 1):
+            thread.start()
+            in_line(waiting, "line", count)
+        attempts = _attempts_by_owner(monkeypatch)
+        # The stream's next read fails with an error it does not resume after.
+        admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["getMore"], "errorCode": 2},
+        )
+        until(lambda: not waiting.watcher.healthy, 10, "the stream failed")
+        failed_at = time.monotonic()
+        # The head of the line tries again (the failure counts as its wake-up), and so
+        # does the waiter behind it, long before it would look again by itself
+        # (``BEHIND_IN_LINE`` after a wake-up that was not its turn).
+        until(lambda: len({owner for _, owner in attempts}) >= 2, 10, "both waiters tried")
+        second = min(at for at, owner in attempts if owner != attempts[0][1])
+        assert second - failed_at < BEHIND_IN_LINE / 2, (failed_at, attempts)
+        until(lambda: waiting.watcher.healthy, 10, "the stream reopened")
+        assert holder.release()
+        for thread in threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        assert [type(result) for result in results] == [int, int], results
+        assert holder.token < results[0] < results[1]
+    finally:
+        admin.admin.command("configureFailPoint", "failCommand", mode="off")
+        admin.drop_database(database)
+        admin.close()
+        holding.close()
+        waiting.close()
