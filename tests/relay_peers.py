@@ -4,7 +4,6 @@ the same user that holds the relay's name and says what it likes (``FakeLeader``
 from __future__ import annotations
 
 import os
-import select
 import socket
 import threading
 import time
@@ -163,14 +162,14 @@ def drained(sock: socket.socket, timeout: float) -> int:
     """Read ``sock`` until its peer closes it (bounded); how many bytes it had."""
     total = 0
     deadline = time.monotonic() + timeout
-    sock.setblocking(False)
     while True:
         left = deadline - time.monotonic()
         assert left > 0, f"the connection did not end within {timeout:g} s"
-        ready, _, _ = select.select([sock], [], [], left)
-        if not ready:
-            continue
-        data = sock.recv(65536)
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue  # the assertion above says so
         if not data:
             return total
         total += len(data)

@@ -194,10 +194,10 @@ def test_a_waiter_behind_another_tries_again_as_soon_as_its_stream_fails(
         except Exception as exc:  # reported to the test
             results.append(exc)
 
+    holder = holding.acquire("line", ttl=30)
+    threads = [threading.Thread(target=wait) for _ in range(2)]
     try:
-        holder = holding.acquire("line", ttl=30)
         stream_open(waiting)
-        threads = [threading.Thread(target=wait) for _ in range(2)]
         for count, thread in enumerate(threads, 1):
             thread.start()
             in_line(waiting, "line", count)
@@ -209,6 +209,7 @@ def test_a_waiter_behind_another_tries_again_as_soon_as_its_stream_fails(
             mode={"times": 1},
             data={"failCommands": ["getMore"], "errorCode": 2},
         )
+        assert not attempts, "a waiter tried again before the stream failed"
         until(lambda: not waiting.watcher.healthy, 10, "the stream failed")
         failed_at = time.monotonic()
         # The head of the line tries again (the failure counts as its wake-up), and so
@@ -226,7 +227,13 @@ def test_a_waiter_behind_another_tries_again_as_soon_as_its_stream_fails(
         assert holder.token < results[0] < results[1]
     finally:
         admin.admin.command("configureFailPoint", "failCommand", mode="off")
-        admin.drop_database(database)
-        admin.close()
+        # Nobody left waiting, then nothing left behind: a late attempt would make the
+        # database again.
+        holder.release()
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(timeout=30)
         holding.close()
         waiting.close()
+        admin.drop_database(database)
+        admin.close()

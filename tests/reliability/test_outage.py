@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -19,8 +20,15 @@ RETRY_INTERVAL = 1.0
 """How soon the refresher tries again after a failed tick (refresher.RETRY_INTERVAL)."""
 
 
+@pytest.fixture
+def observer(lone: MongoReplicaSet) -> Iterator[LockManager]:
+    """A manager of the test's own, to look at the line and the leases."""
+    with LockManager(lone.url, database="outage", server_selection_timeout=10) as manager:
+        yield manager
+
+
 def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_itself(
-    lone: MongoReplicaSet, spawn: Spawn, record: Record
+    lone: MongoReplicaSet, spawn: Spawn, record: Record, observer: LockManager
 ) -> None:
     short_ttl, long_ttl, down_for = 2.0, 30.0, 8.0
     config = {"url": lone.url, "database": "outage", "sst": SST}
@@ -33,7 +41,6 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
     long = holder.call("acquire", name="long", key="long", ttl=long_ttl)
     assert short["ok"], short
     assert long["ok"], long
-    observer = LockManager(lone.url, database="outage", server_selection_timeout=10)
     # The waiter that gives up waits behind the patient one: a waiter that is not next
     # sleeps longest on its stream (``LINE_CHECK``), and must not sleep on when it fails.
     persisting = patient.send(
@@ -57,11 +64,13 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
     assert (other["ok"], other["error"]) == (False, "ServerUnavailable")
     assert other["done"] - other["sent"] <= SST + SLACK
     # A waiter is not left waiting for a server that is gone: its stream fails within
-    # the timeout, which wakes it wherever it stands in line (unless the lease end it
-    # knows comes first), and the attempt it then makes fails within the timeout.
+    # the timeout (the driver's one resume attempt), which wakes it wherever it stands
+    # in line, and the attempt it then makes fails within the timeout. (Half the usual
+    # slack: a waiter behind others that slept on for ``BEHIND_IN_LINE`` would come
+    # 1.5 s later.)
     gave_up = gives_up.reply(waiting, timeout=short_ttl + SST + 30)
     assert (gave_up["ok"], gave_up["error"]) == (False, "ServerUnavailable"), gave_up
-    assert gave_up["done"] - killed_at <= max(short_ttl, SST) + SST + SLACK
+    assert gave_up["done"] - killed_at <= 2 * SST + SLACK / 2
     # The short lease is reported lost once it has surely ended, not before.
     lost = holder.event("lost", timeout=short_ttl + 2 * SST + 10, name="short")
     assert lost["at"] >= lost["deadline"]
@@ -83,20 +92,19 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
         assert attempt["ok"] or attempt["error"] in ("ServerUnavailable", "LockNotAcquired")
         assert attempt["done"] - attempt["sent"] <= 5.0 + 2 * SST + SLACK, attempt
     # The refresher recovered by itself: the long lease is extended again, and kept.
-    with observer:
-        deadline = clock.now() + 20
-        while True:
-            status = observer.status("long")
-            assert status is not None
-            if status.refreshed_at > datetime.fromtimestamp(restarting_at, UTC):
-                break
-            assert clock.now() < deadline, "the refresher did not extend the lease again"
-            time.sleep(0.05)
-        recovered = clock.now() - up_at
-        assert recovered <= RETRY_INTERVAL + SST + SLACK
-        assert (status.owner, status.token, status.live) == (long["owner"], long["token"], True)
-        with pytest.raises(Exception, match="is held"):
-            observer.acquire("long", blocking=False)
+    deadline = clock.now() + 20
+    while True:
+        status = observer.status("long")
+        assert status is not None
+        if status.refreshed_at > datetime.fromtimestamp(restarting_at, UTC):
+            break
+        assert clock.now() < deadline, "the refresher did not extend the lease again"
+        time.sleep(0.05)
+    recovered = clock.now() - up_at
+    assert recovered <= RETRY_INTERVAL + SST + SLACK
+    assert (status.owner, status.token, status.live) == (long["owner"], long["token"], True)
+    with pytest.raises(Exception, match="is held"):
+        observer.acquire("long", blocking=False)
     assert holder.call("state", name="long")["valid"]
     fresh = holder.call("acquire", name="fresh", key="fresh", ttl=1.5)
     assert fresh["ok"], fresh
