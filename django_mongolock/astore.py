@@ -139,7 +139,7 @@ class AsyncLockStore:
             with self._translate:
                 doc = await self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
-        with self._translate:  # see LockStore.release
+        with self._translate, pymongo.timeout(self.timeout):  # see LockStore.release
             for release in queries.release_writes(contended=contended):
                 command = release(key, owner, token).command(self.collection.name)
                 reply, retried = await self._send(command)

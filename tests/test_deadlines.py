@@ -19,12 +19,13 @@ import pymongo
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import Lock, LockLost, LockManager, MongoLockError, clock
+from django_mongolock import Lock, LockLost, LockManager, MongoLockError, ServerUnavailable, clock
 from django_mongolock.deadlines import Deadlines
 from django_mongolock.notices import EAGER, Notices
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
+from tests.waiting import in_line
 
 
 @pytest.fixture
@@ -528,3 +529,56 @@ def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
     finally:
         late.client.drop_database("late")
         _close(late)
+
+
+def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """A release is one operation: its two writes (the small one, which finds a waiter in
+    line, then the one that hands the lock on) share one timeout, like any other."""
+    database = "slow_release"
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url,
+        appname="slow-release",
+        w="majority",
+        tz_aware=True,
+        serverSelectionTimeoutMS=2000,
+        timeoutMS=2000,
+    )
+    releasing = LockManager(client=client, database=database)
+    waiting = _manager(fail_points, database, "slow-release-waiter")
+    results: list[Any] = []
+
+    def wait() -> None:
+        try:
+            taken = waiting.acquire("handed", ttl=30, timeout=20)
+            results.append(int(taken.token))
+            taken.release()
+        except MongoLockError as exc:  # reported to the test
+            results.append(exc)
+
+    thread = threading.Thread(target=wait)
+    try:
+        # No refresher: its writes would meet the fail point meant for the release.
+        lock = releasing.acquire("handed", ttl=3, refresh=False)
+        thread.start()
+        in_line(waiting, "handed", 1)
+        # Each write held back for most of the timeout: together, well past it.
+        hang("slow-release", ms=1400, times=2)
+        started = clock.now()
+        with pytest.raises(ServerUnavailable):
+            lock.release()
+        took = clock.now() - started
+        assert 2.0 <= took <= 2.0 + 0.5
+        # The second write was cut short, before or after the server applied it: the
+        # waiter gets the lock, handed on or when the lease the release left ends.
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert [type(result) for result in results] == [int], results
+        assert results[0] > lock.token
+    finally:
+        if thread.is_alive():
+            releasing.store.collection.delete_many({})
+            thread.join(timeout=30)
+        client.drop_database(database)
+        _close(releasing, waiting)

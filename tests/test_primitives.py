@@ -378,7 +378,9 @@ def test_a_killed_leader_is_replaced_within_ttl_and_a_tick(
         while not follower.is_leader and time.monotonic() < deadline:
             time.sleep(0.02)
         assert follower.is_leader
-        assert time.monotonic() - killed_at <= ttl + ttl / 3 + 0.5
+        # The lease ends within ttl of the kill, and the follower campaigns on its next
+        # tick (a third of ttl), then one write; a loaded machine may add to that.
+        assert time.monotonic() - killed_at <= ttl + ttl / 3 + 1.0
         while not elected and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(elected) == 1

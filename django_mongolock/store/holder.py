@@ -137,7 +137,9 @@ class HolderQueries(StoreBase):
             with self._translate:
                 doc = self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
-        with self._translate:
+        # One time budget for every write and read below: a release is one operation,
+        # bounded like any other by the server selection timeout.
+        with self._translate, pymongo.timeout(self.timeout):
             # Nobody in line to hand it to (the common case): one small write. Else, or
             # when that matched nothing, the write that hands it on decides; a lock
             # taken with others in line (``contended``) sends that one at once.

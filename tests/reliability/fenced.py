@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pymongo
 from pymongo import ReturnDocument
 from pymongo.collection import Collection
 from pymongo.read_concern import ReadConcern
@@ -48,16 +49,20 @@ class FencedResource:
             )
 
     def write(self, key: str, token: int, write_id: str) -> Verdict:
-        """Write ``write_id`` under ``token``; refused unless ``token`` beats every accepted one."""
-        doc = self.collection.find_one_and_update(
-            {"_id": key, "fence": {"$lt": token}},
-            {"$set": {"fence": token}, "$push": {"log": {"token": token, "id": write_id}}},
-            projection={"_id": 0, "fence": 1},
-            return_document=ReturnDocument.AFTER,
-        )
-        if doc is not None:
-            return Verdict(True, int(doc["fence"]))
-        current = self.collection.find_one({"_id": key}, projection={"_id": 0, "fence": 1})
+        """Write ``write_id`` under ``token``; refused unless ``token`` beats every accepted one.
+
+        The write and the read that says why it was refused share the client's timeout.
+        """
+        with pymongo.timeout(self.collection.database.client.options.timeout):
+            doc = self.collection.find_one_and_update(
+                {"_id": key, "fence": {"$lt": token}},
+                {"$set": {"fence": token}, "$push": {"log": {"token": token, "id": write_id}}},
+                projection={"_id": 0, "fence": 1},
+                return_document=ReturnDocument.AFTER,
+            )
+            if doc is not None:
+                return Verdict(True, int(doc["fence"]))
+            current = self.collection.find_one({"_id": key}, projection={"_id": 0, "fence": 1})
         if current is None:
             raise LookupError(f"the fenced resource has no document for {key!r}")
         return Verdict(False, int(current["fence"]))

@@ -65,12 +65,12 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
     assert other["done"] - other["sent"] <= SST + SLACK
     # A waiter is not left waiting for a server that is gone: its stream fails within
     # the timeout (the driver's one resume attempt), which wakes it wherever it stands
-    # in line, and the attempt it then makes fails within the timeout. (Half the usual
-    # slack: a waiter behind others that slept on for ``BEHIND_IN_LINE`` would come
-    # 1.5 s later.)
+    # in line, and the attempt it then makes fails within the timeout. (That the waiter
+    # tries at once when its stream fails is checked exactly, without timeouts, by
+    # ``tests/test_watcher.py``.)
     gave_up = gives_up.reply(waiting, timeout=short_ttl + SST + 30)
     assert (gave_up["ok"], gave_up["error"]) == (False, "ServerUnavailable"), gave_up
-    assert gave_up["done"] - killed_at <= 2 * SST + SLACK / 2
+    assert gave_up["done"] - killed_at <= 2 * SST + SLACK
     # The short lease is reported lost once it has surely ended, not before.
     lost = holder.event("lost", timeout=short_ttl + 2 * SST + 10, name="short")
     assert lost["at"] >= lost["deadline"]
