@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+from django_mongolock import clock
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Record, Spawn, agent_config
 from tests.reliability.fenced import FencedResource
@@ -53,7 +54,7 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_the_lock_at_its_next_refr
     assert second["token"] > first["token"]
     assert successor.call("write", name="r", write_id="successor")["accepted"]
     holder.kill(signal.SIGCONT)
-    resumed_at = time.monotonic()
+    resumed_at = clock.now()  # the agents report times on this clock
 
     late = holder.call("write", name="r", write_id="holder-2")
     assert late["ok"], late

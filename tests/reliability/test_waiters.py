@@ -8,6 +8,7 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from django_mongolock import clock
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Agent, Record, Spawn, agent_config
 
@@ -112,9 +113,9 @@ def test_waiting_behind_a_crashed_holder_and_a_dead_waiter_costs_few_writes(
     try:
         holder.kill()
         first.kill()
-        killed = time.monotonic()
+        killed = clock.now()  # the agents report times on this clock
         got = second.reply(behind, timeout=ttl + PLACE_GRACE + BEHIND_IN_LINE + 30)
-        ended = time.monotonic()
+        ended = clock.now()
     finally:
         db.command("profile", 0)
     assert got["ok"], got
