@@ -10,6 +10,7 @@ document's log, so that a test can tell that no accepted write was lost.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,8 @@ class FencedResource:
 
         The write and the read that says why it was refused share the client's timeout.
         """
-        with pymongo.timeout(self.collection.database.client.options.timeout):
+        budget = self.collection.database.client.options.timeout
+        with pymongo.timeout(budget) if budget else contextlib.nullcontext():
             doc = self.collection.find_one_and_update(
                 {"_id": key, "fence": {"$lt": token}},
                 {"$set": {"fence": token}, "$push": {"log": {"token": token, "id": write_id}}},

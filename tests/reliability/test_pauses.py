@@ -35,10 +35,15 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_the_lock_at_its_next_refr
     assert holder.call("write", name="r", write_id="holder-1")["accepted"]
 
     # Frozen for less than the lease: nothing is lost, the refresher catches up.
-    # A quarter of the lease: its last refresh may have been a tick (a third) before
-    # the pause, and the lease's end as the holder counts it is a margin short of ttl.
+    # Right after a refresh, for longer than a tick (a third of the lease) and well
+    # within the lease's end as the holder counts it (a margin short of ttl).
+    ticks = holder.call("refresher")["ticks"]
+    deadline = time.monotonic() + 10
+    while holder.call("refresher")["ticks"] == ticks:
+        assert time.monotonic() < deadline, "the refresher did not tick"
+        time.sleep(0.01)
     holder.kill(signal.SIGSTOP)
-    time.sleep(ttl * 0.25)
+    time.sleep(ttl * 0.45)
     holder.kill(signal.SIGCONT)
     assert not successor.call("acquire", name="r", key="report", blocking=False)["ok"]
     kept = holder.call("hold", name="r", seconds=ttl * 1.5, wait=ttl * 1.5 + 30)
