@@ -109,7 +109,8 @@ def acquire(
 def _wait(
     source: Source, store: LockStore, plan: WaitPlan, wake: Wake, keep: bool
 ) -> tuple[float, LockInfo]:
-    """Retry until the key is ours: woken by a release, the holder's lease end, or back-off."""
+    """Retry until the key is ours: woken by a release, the holder's lease end, a failure
+    of the change stream, or back-off."""
     watcher = source.watcher
     watcher.ensure_running(plan.request.owner)
     while True:
@@ -121,9 +122,10 @@ def _wait(
                 store.leave(plan.request.key, plan.request.owner)
             raise plan.busy(clock.now())
         while (left := wake_at - clock.now()) > 0 and wake.wait(left):
+            # Cleared before it is looked at: a wake-up that comes meanwhile is kept.
+            wake.clear()
             if _stirred(plan, wake, watcher, since):
                 break
-            wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:
@@ -272,9 +274,9 @@ async def _await(
                     await wake.wait()
             except TimeoutError:
                 break
+            wake.clear()  # see _wait
             if _stirred(plan, wake, watcher, since):
                 break
-            wake.clear()
             wake_at = plan.behind(wake_at, clock.now())
         handed = plan.handed(wake.handed)
         if handed is not None:

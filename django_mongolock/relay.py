@@ -35,8 +35,8 @@ the connection, and one from a clock behind it by more than ``FIRST_WORD_AGE`` i
 refused at the handshake). A follower counts the stream healthy from the moment it heard so (events
 after that reach it), and gives up on a leader whose latest heartbeat was sent
 ``SILENCE`` seconds ago (stopped, stuck, or held back on its way; a follower too
-slow to read it in time gives up the same way): its waiters then fall back to their
-timers, as they do when any stream breaks, while the watcher leads or follows anew, or
+slow to read it in time gives up the same way): its waiters then try again at once
+and back off, as they do when any stream breaks, while the watcher leads or follows anew, or
 opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes behind)
 is dropped, and falls back the same way.
 

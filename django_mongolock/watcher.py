@@ -5,13 +5,13 @@ monitor), or when a release frees it but keeps it for the waiters in line. The w
 thread tails those events on the lock collection and sets the wake-up events of that
 key's waiters only; they re-check by trying to acquire. While the stream is healthy
 waiters need not poll; when change streams are unavailable or the stream breaks,
-waiters fall back to their jittered back-off and the watcher resumes the stream (from
-its resume token when it can). A release that handed the key to a waiter in line
-(``queries.release``) names it in the event: that waiter takes the lock from the event,
-without a request of its own. Such an event reaches only the process of that waiter and
-of the next one in line (``queries.wakeups``), so the cost of a handoff does not grow
-with the number of processes waiting for the key. The thread starts with the first
-waiter and ends after a minute without any.
+waiters try again at once, then fall back to their jittered back-off, and the watcher
+resumes the stream (from its resume token when it can). A release that handed the key
+to a waiter in line (``queries.release``) names it in the event: that waiter takes the
+lock from the event, without a request of its own. Such an event reaches only the
+process of that waiter and of the next one in line (``queries.wakeups``), so the cost of
+a handoff does not grow with the number of processes waiting for the key. The thread
+starts with the first waiter and ends after a minute without any.
 
 With a relay (``SHARED_STREAM``, see ``relay``) one process per host and user opens the
 stream and leads; the others follow it over a local socket instead of opening their

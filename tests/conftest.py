@@ -99,7 +99,7 @@ def lock_events(no_leftovers: None) -> Iterator[list[tuple[str, Any]]]:
 @pytest.fixture(scope="session")
 def fail_points() -> Iterator[MongoReplicaSet]:
     """A single-node replica set that accepts fail points (``enableTestCommands``): a
-    server error on the one command a test names, against a real server."""
+    server error or delay on the commands a test names, against a real server."""
     replica_set = MongoReplicaSet(
         1, name="failpoints", extra_args=["--setParameter", "enableTestCommands=1"]
     )

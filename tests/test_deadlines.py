@@ -1,12 +1,13 @@
 """The holder knows first: loss notices by the holder's own bound of its lease end.
 
 A server that hangs a holder's refresh (the ``failCommand`` fail point blocks that
-client's writes, on a replica set of this module's own), user callbacks that raise,
-exit or block, and forks while a lock's mutex is held.
+client's writes, on the session's fail-point replica set: ``fail_points``), user
+callbacks that raise, exit or block, and forks while a lock's mutex is held.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import sys
@@ -25,6 +26,7 @@ from django_mongolock.notices import EAGER, Notices
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
+from tests.utils import NamedManager
 from tests.waiting import in_line
 
 
@@ -531,21 +533,16 @@ def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
         _close(late)
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
-    fail_points: MongoReplicaSet, hang: Any
+    fail_points: MongoReplicaSet, hang: Any, kind: str
 ) -> None:
     """A release is one operation: its two writes (the small one, which finds a waiter in
-    line, then the one that hands the lock on) share one timeout, like any other."""
-    database = "slow_release"
-    client: MongoClient[Any] = MongoClient(
-        fail_points.url,
-        appname="slow-release",
-        w="majority",
-        tz_aware=True,
-        serverSelectionTimeoutMS=2000,
-        timeoutMS=2000,
+    line, then the one that hands the lock on) share one timeout."""
+    database = f"slow_release_{kind}"
+    releasing = NamedManager(
+        fail_points.url, database=database, app="slow-release", server_selection_timeout=2.0
     )
-    releasing = LockManager(client=client, database=database)
     waiting = _manager(fail_points, database, "slow-release-waiter")
     results: list[Any] = []
 
@@ -566,8 +563,9 @@ def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
         # Each write held back for most of the timeout: together, well past it.
         hang("slow-release", ms=1700, times=2)
         started = clock.now()
+        release = lock.release if kind == "sync" else lambda: asyncio.run(lock.arelease())
         with pytest.raises(ServerUnavailable):
-            lock.release()
+            release()
         took = clock.now() - started
         assert 2.0 <= took <= 2.0 + 1.0  # not 3.4 s, both writes in full
         # The second write was cut short, before or after the server applied it: the
@@ -580,5 +578,6 @@ def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
         if thread.is_alive():
             releasing.store.collection.delete_many({})
             thread.join(timeout=30)
-        client.drop_database(database)
-        _close(releasing, waiting)
+        waiting.client.drop_database(database)
+        releasing.close()
+        _close(waiting)

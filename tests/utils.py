@@ -1,4 +1,5 @@
-"""Helpers for running management commands in tests."""
+"""Helpers for tests: management commands run as a shell would, managers whose clients
+carry a name of their own."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from io import StringIO
 from typing import Any
 
 from django.core.management import CommandError, call_command
+
+from django_mongolock import LockManager
 
 
 def run_command(*args: str, **options: Any) -> tuple[str, str, int]:
@@ -17,3 +20,15 @@ def run_command(*args: str, **options: Any) -> tuple[str, str, int]:
         err.write(str(exc))
         return out.getvalue(), err.getvalue(), exc.returncode
     return out.getvalue(), err.getvalue(), 0
+
+
+class NamedManager(LockManager):
+    """A manager whose clients, sync and async, carry the app name ``app``: what a
+    server fail point can be limited to, so that other clients never meet it."""
+
+    def __init__(self, *args: Any, app: str, **kwargs: Any) -> None:
+        self.app = app
+        super().__init__(*args, **kwargs)
+
+    def _client_options(self) -> dict[str, Any]:
+        return {**super()._client_options(), "appname": self.app}

@@ -1,4 +1,5 @@
-"""The holder's queries: acquire, refresh, release, alone or in bulk; one round trip each."""
+"""The holder's queries: acquire, refresh, release, alone or in bulk; one round trip each
+(a release that finds a waiter in line: two writes, within one timeout)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ class HolderQueries(StoreBase):
     def release(
         self, key: str, owner: str, token: int, *, shared: bool = False, contended: bool = False
     ) -> bool:
-        """Give the holder's lock up in one round trip; True only if its lease was live.
+        """Give the holder's lock up: one write, or two when a waiter is in line, all within
+        one timeout; True only if its lease was live.
 
         The document is freed in place (see ``queries.release``); a shared holder's entry
         is removed. The change stream wakes the waiters, and the filter on owner and

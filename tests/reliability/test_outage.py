@@ -68,7 +68,7 @@ def test_an_outage_fails_cleanly_within_the_timeouts_and_locking_recovers_by_its
     # in line, and the attempt it then makes fails within the timeout. (That the waiter
     # tries at once when its stream fails is checked exactly, without timeouts, by
     # ``tests/test_watcher.py``.)
-    gave_up = gives_up.reply(waiting, timeout=short_ttl + SST + 30)
+    gave_up = gives_up.reply(waiting, timeout=2 * SST + 30)
     assert (gave_up["ok"], gave_up["error"]) == (False, "ServerUnavailable"), gave_up
     assert gave_up["done"] - killed_at <= 2 * SST + SLACK
     # The short lease is reported lost once it has surely ended, not before.
