@@ -46,8 +46,9 @@ class AsyncLockStore:
         ]
 
     @property
-    def timeout(self) -> float | None:
-        return float(self.client.options.server_selection_timeout)
+    def timeout(self) -> float:
+        """The time limit of one lock operation (``mongo.operation_limit``)."""
+        return mongo.operation_limit(self.client.options)
 
     async def acquire(
         self,

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol
 
 from bson.codec_options import CodecOptions
+from pymongo.client_options import ClientOptions
 from pymongo.collection import Collection
 from pymongo.errors import (
     AutoReconnect,
@@ -39,6 +40,7 @@ __all__ = [
     "brief",
     "checked",
     "majority",
+    "operation_limit",
     "redact",
     "retryable",
     "transaction_retryable",
@@ -60,6 +62,18 @@ DOCUMENT_REFUSED: Final = 121
 # The collection does not exist (yet): it has no indexes.
 NAMESPACE_NOT_FOUND: Final = 26
 _AUTHENTICATION_FAILED: Final = 18
+
+
+def operation_limit(options: ClientOptions) -> float:
+    """The time limit of one lock operation on a client with these options, in seconds.
+
+    The client's ``timeoutMS`` when it has one (a manager's own clients set it to the
+    server selection timeout), else its server selection timeout: a lock operation runs
+    under it as a whole (``pymongo.timeout``), and must not widen the limit a client
+    given to the manager was built with.
+    """
+    limit = options.timeout
+    return float(limit) if limit is not None else float(options.server_selection_timeout)
 
 
 def majority(collection: Collection[Any]) -> Collection[Any]:

@@ -15,30 +15,29 @@ another user is not joined: that process keeps a stream of its own. A process of
 same user is not yet a peer to trust: a follower takes handoffs from its leader as it
 would from the server (it holds the lock, with the token it was told). So both sides
 read a random secret kept next to the lock collection (``<collection>.relay``, made on
-first use), and each proves it knows it: the follower's hello carries a fresh nonce
-and the prefix of its holder ids, the leader answers with a nonce of its own and an
-HMAC of all three under the secret, and the follower answers with its own HMAC
-(``proof``). Every frame the leader sends after
-that carries an HMAC, under a key of that connection (``session_key``), of the frame
-and its number: a process that passes a follower's nonce on to a true leader, and its
-answer back, can then delay what it passes on or cut it, but neither forge, change,
-drop nor reorder a frame without the follower noticing and leaving it, nor change
-which handoffs the leader sends it. A process without the database's credentials can
-read the secret no more than it can write a lock's document. The frames are not
-encrypted: such a process can read what it passes on.
+first use), and each proves it knows it: the follower's hello carries a fresh nonce and
+the prefix of its holder ids, the leader answers with a nonce of its own and an HMAC of
+all three under the secret, and the follower answers with its own HMAC (``proof``).
+Every frame the leader sends after that carries an HMAC, under a key of that connection
+(``session_key``), of the frame and its number: a process that passes a follower's nonce
+on to a true leader, and its answer back, can then delay what it passes on or cut it,
+but neither forge, change, drop nor reorder a frame without the follower noticing and
+leaving it, nor change which handoffs the leader sends it. A process without the
+database's credentials can read the secret no more than it can write a lock's document.
+The frames are not encrypted: such a process can read what it passes on.
 
-Health: a leader tells each follower whether its stream is open when it joins, at
-once when that changes, and every ``HEARTBEAT`` seconds, each time with the time it
-sent it (``clock.now()``, which the processes of a host share unless they run in
-time namespaces of their own: a heartbeat from a clock ahead of the follower's ends
-the connection, and one from a clock behind it by more than ``FIRST_WORD_AGE`` is
-refused at the handshake). A follower counts the stream healthy from the moment it heard so (events
-after that reach it), and gives up on a leader whose latest heartbeat was sent
-``SILENCE`` seconds ago (stopped, stuck, or held back on its way; a follower too
-slow to read it in time gives up the same way): its waiters then try again at once
-and back off, as they do when any stream breaks, while the watcher leads or follows anew, or
-opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes behind)
-is dropped, and falls back the same way.
+Health: a leader tells each follower whether its stream is open when it joins, at once
+when that changes, and every ``HEARTBEAT`` seconds, each time with the time it sent it
+(``clock.now()``, which the processes of a host share unless they run in time
+namespaces of their own: a heartbeat from a clock ahead of the follower's ends the
+connection, and one from a clock behind it by more than ``FIRST_WORD_AGE`` is refused
+at the handshake). A follower counts the stream healthy from the moment it heard so
+(events after that reach it), and gives up on a leader whose latest heartbeat was sent
+``SILENCE`` seconds ago (stopped, stuck, or held back on its way; a follower too slow
+to read it in time gives up the same way): its waiters then try again at once and back
+off, as they do when any stream breaks, while the watcher leads or follows anew, or
+opens a stream of its own. A follower that cannot keep up (``BACKLOG`` bytes behind) is
+dropped, and falls back the same way.
 
 Only Linux has abstract sockets; elsewhere every process keeps its own stream.
 """

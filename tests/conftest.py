@@ -16,6 +16,7 @@ from django_mongolock import LockManager, events, stats
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import MongoReplicaSet, find_mongod, free_port
+from tests.utils import stop_and_check
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def fail_points() -> Iterator[MongoReplicaSet]:
     try:
         yield replica_set
     finally:
-        replica_set.stop()
+        stop_and_check(replica_set)
 
 
 @pytest.fixture(scope="session")

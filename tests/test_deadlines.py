@@ -581,3 +581,31 @@ def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
         waiting.client.drop_database(database)
         releasing.close()
         _close(waiting)
+
+
+@pytest.mark.parametrize("operation", ["acquire", "release"])
+def test_a_client_given_keeps_its_own_time_limit(
+    fail_points: MongoReplicaSet, hang: Any, operation: str
+) -> None:
+    """A manager given a client bounds each lock operation by that client's ``timeoutMS``,
+    not by its (longer) server selection timeout: a lock call never waits longer than a
+    call of the client it was given would."""
+    database = f"given_limit_{operation}"
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url, appname=f"given-{operation}", timeoutMS=1500
+    )
+    manager = LockManager(client=client, database=database)
+    try:
+        assert manager.store.timeout == 1.5
+        lock = manager.acquire("other", ttl=30, refresh=False)  # the client's first round trips
+        # Held back far past the client's limit, well within the server selection timeout.
+        hang(f"given-{operation}", ms=6000, times=1)
+        call = lock.release if operation == "release" else lambda: manager.acquire("limited")
+        started = clock.now()
+        with pytest.raises(ServerUnavailable, match=r"within 1\.5s"):
+            call()
+        took = clock.now() - started
+        assert 1.5 <= took <= 1.5 + 1.5  # not 6 s: the write would have gone through
+    finally:
+        manager.client.drop_database(database)
+        _close(manager)

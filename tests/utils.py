@@ -1,5 +1,5 @@
 """Helpers for tests: management commands run as a shell would, managers whose clients
-carry a name of their own."""
+carry a name of their own, replica sets stopped for good."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management import CommandError, call_command
 
 from django_mongolock import LockManager
+from django_mongolock.testing import MongoReplicaSet
 
 
 def run_command(*args: str, **options: Any) -> tuple[str, str, int]:
@@ -32,3 +33,14 @@ class NamedManager(LockManager):
 
     def _client_options(self) -> dict[str, Any]:
         return {**super()._client_options(), "appname": self.app}
+
+
+def stop_and_check(replica_set: MongoReplicaSet) -> None:
+    """Stop the set and fail if any of its mongod processes is still alive."""
+    replica_set.stop()
+    alive = [
+        node.address
+        for node in replica_set.nodes
+        if node.process is not None and node.process.poll() is None
+    ]
+    assert not alive, f"mongod left running: {alive}"

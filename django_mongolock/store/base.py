@@ -27,8 +27,9 @@ class StoreBase:
         ]
 
     @property
-    def timeout(self) -> float | None:
-        return float(self.collection.database.client.options.server_selection_timeout)
+    def timeout(self) -> float:
+        """The time limit of one lock operation (``mongo.operation_limit``)."""
+        return mongo.operation_limit(self.collection.database.client.options)
 
     def server_kind(self) -> Literal["replica set", "sharded", "standalone"]:
         """How the deployment runs: only a replica set (or sharded cluster) is safe."""

@@ -30,6 +30,7 @@ from django_mongolock.testing import MongoReplicaSet, ReplicaSetError
 from tests.reliability.agents import RESOURCE
 from tests.reliability.fenced import FencedResource
 from tests.reliability.proxy import TcpProxy
+from tests.utils import stop_and_check
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -115,17 +116,6 @@ def heal(replica_set: MongoReplicaSet, timeout: float = 90.0) -> None:
         if time.monotonic() > deadline:
             raise ReplicaSetError(f"{replica_set!r} did not become healthy in {timeout:g}s")
         time.sleep(0.2)
-
-
-def stop_and_check(replica_set: MongoReplicaSet) -> None:
-    """Stop the set and fail if any of its mongod processes is still alive."""
-    replica_set.stop()
-    alive = [
-        node.address
-        for node in replica_set.nodes
-        if node.process is not None and node.process.poll() is None
-    ]
-    assert not alive, f"mongod left running: {alive}"
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,9 @@ from pymongo import MongoClient
 
 from django_mongolock import LockManager
 from django_mongolock.testing import MongoReplicaSet
-from tests.reliability.conftest import NetSpawn, Record, members_healthy, stop_and_check
+from tests.reliability.conftest import NetSpawn, Record, members_healthy
 from tests.reliability.proxy import TcpProxy, pid_of_peer, socket_inode
+from tests.utils import stop_and_check
 
 TTL = 3.0
 SST = 5.0

@@ -37,9 +37,9 @@ from tests.reliability.conftest import (
     NetAgent,
     Record,
     net_agents,
-    stop_and_check,
 )
 from tests.reliability.proxy import TcpProxy
+from tests.utils import stop_and_check
 
 TTL = 3.0
 """The holders' lease: a refresher tick every second."""

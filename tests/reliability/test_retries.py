@@ -26,27 +26,13 @@ from django_mongolock import (
     queries,
 )
 from django_mongolock.testing import MongoReplicaSet
-from tests.reliability.conftest import stop_and_check
-
-
-@pytest.fixture(scope="module")
-def testable() -> Iterator[MongoReplicaSet]:
-    """A single-node replica set that accepts fail points (``enableTestCommands``)."""
-    replica_set = MongoReplicaSet(
-        1, name="retries", extra_args=["--setParameter", "enableTestCommands=1"]
-    )
-    replica_set.start()
-    try:
-        yield replica_set
-    finally:
-        stop_and_check(replica_set)
 
 
 @pytest.fixture
-def lose_next_reply(testable: MongoReplicaSet) -> Iterator[Any]:
+def lose_next_reply(fail_points: MongoReplicaSet) -> Iterator[Any]:
     """``lose_next_reply()``: the next findAndModify is applied, then answered with a
     retryable write concern error, so that the driver retries it."""
-    admin: MongoClient[dict[str, Any]] = MongoClient(testable.nodes[0].direct_url)
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
 
     def arm(code: int = 6, times: int = 1) -> None:
         admin.admin.command(
@@ -66,8 +52,8 @@ def lose_next_reply(testable: MongoReplicaSet) -> Iterator[Any]:
 
 
 @pytest.fixture
-def retrying(testable: MongoReplicaSet) -> Iterator[LockManager]:
-    with LockManager(testable.url, database="retries") as manager:
+def retrying(fail_points: MongoReplicaSet) -> Iterator[LockManager]:
+    with LockManager(fail_points.url, database="retries") as manager:
         yield manager
         manager.client.drop_database("retries")
 
