@@ -67,13 +67,14 @@ _AUTHENTICATION_FAILED: Final = 18
 def operation_limit(options: ClientOptions) -> float:
     """The time limit of one lock operation on a client with these options, in seconds.
 
-    The client's ``timeoutMS`` when it has one (a manager's own clients set it to the
-    server selection timeout), else its server selection timeout: a lock operation runs
+    The client's ``timeoutMS`` when it sets one (a manager's own clients set it to the
+    server selection timeout), else its server selection timeout, also for
+    ``timeoutMS=0`` (no limit), so that no lock operation hangs: a lock operation runs
     under it as a whole (``pymongo.timeout``), and must not widen the limit a client
     given to the manager was built with.
     """
     limit = options.timeout
-    return float(limit) if limit is not None else float(options.server_selection_timeout)
+    return float(limit) if limit else float(options.server_selection_timeout)
 
 
 def majority(collection: Collection[Any]) -> Collection[Any]:

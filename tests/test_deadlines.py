@@ -609,3 +609,24 @@ def test_a_client_given_keeps_its_own_time_limit(
     finally:
         manager.client.drop_database(database)
         _close(manager)
+
+
+@pytest.mark.parametrize(
+    ("options", "limit"),
+    [
+        ({"timeoutMS": 1500}, 1.5),
+        ({"timeoutMS": 1500, "serverSelectionTimeoutMS": 500}, 1.5),
+        ({}, 30.0),  # pymongo's default server selection timeout
+        ({"serverSelectionTimeoutMS": 2500}, 2.5),
+        ({"timeoutMS": 0, "serverSelectionTimeoutMS": 2500}, 2.5),  # 0: no limit of its own
+    ],
+)
+def test_the_time_limit_of_a_given_client(options: dict[str, Any], limit: float) -> None:
+    """A client's ``timeoutMS`` when it sets one, else its server selection timeout:
+    never no limit at all."""
+    client: MongoClient[Any] = MongoClient("mongodb://127.0.0.1:1/", connect=False, **options)
+    manager = LockManager(client=client)
+    try:
+        assert manager.store.timeout == limit
+    finally:
+        _close(manager)
