@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import bson
 import pytest
 from pymongo import MongoClient
 
 from django_mongolock import Lock, LockManager, events
 from django_mongolock.owners import owner_prefix
 from django_mongolock.queries import FREED_EVENTS, LINE_CHECK_MS, PLACE_GRACE_MS, wakeups
+from django_mongolock.watcher import handoff_of
 
 BOUND = 60.0
 # "web.1" as a regex would also match "webX1": the filter must take the name literally.
@@ -323,3 +325,35 @@ def test_a_waiter_with_holder_ids_of_its_own_still_hears_of_its_handoff(
     finally:
         stop()
         own.close()
+
+
+def test_a_handoff_event_leaves_the_line_out(manager: LockManager) -> None:
+    """A handoff shifts the line, and the server names every place that moved in its
+    update event (``waiters.17.owner``, ``waiters.17.until``...): the stream leaves them
+    out, so that what reaches a watcher, and what a relay passes on, does not grow with
+    the line. What the watcher reads of a handoff is all there."""
+    locks = manager.store.collection
+    key = f"long-line-{uuid.uuid4().hex[:8]}"
+    holder = manager.acquire(key, ttl=30, refresh=False)
+    # 150 places in line, as blocked acquirers of another process leave them.
+    place = {"until": {"$add": ["$$NOW", 60_000]}, "at": "$$NOW", "hand": True}
+    line = [
+        {"owner": f"other:7:{n:012x}", **place, "ttl": 30.0, "ttl_ms": 30_000} for n in range(150)
+    ]
+    locks.update_one({"_id": key}, [{"$set": {"waiters": line}}])
+    with locks.watch(wakeups("other:"), max_await_time_ms=100) as stream:
+        assert holder.release()
+        deadline = time.monotonic() + BOUND
+        while (change := stream.try_next()) is None:
+            assert time.monotonic() < deadline
+    assert change["operationType"] == "update"
+    fields = change["updateDescription"]["updatedFields"]
+    assert [name for name in fields if name.startswith(("waiters", "holders"))] == []
+    assert len(bson.encode(change)) < 2048  # 14 KB with the line's fields
+    handoff = handoff_of(change)
+    assert handoff is not None
+    assert (handoff.owner, handoff.previous) == ("other:7:000000000000", holder.owner)
+    assert handoff.token > holder.token
+    assert fields["head"] == "other:7:000000000001"
+    # The document itself keeps its line, one place shorter.
+    assert len(_line(locks, key)) == 149
