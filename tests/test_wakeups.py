@@ -327,33 +327,43 @@ def test_a_waiter_with_holder_ids_of_its_own_still_hears_of_its_handoff(
         own.close()
 
 
-def test_a_handoff_event_leaves_the_line_out(manager: LockManager) -> None:
-    """A handoff shifts the line, and the server names every place that moved in its
-    update event (``waiters.17.owner``, ``waiters.17.until``...): the stream leaves them
-    out, so that what reaches a watcher, and what a relay passes on, does not grow with
-    the line. What the watcher reads of a handoff is all there."""
+@pytest.mark.parametrize("handed", [True, False], ids=["handoff", "freed"])
+def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool) -> None:
+    """A release moves or cuts every place in line (a handoff shifts the line; a release
+    that frees the key cuts each place to the grace period), and the server names each
+    changed place in its update event (``waiters.17.owner``, ``waiters.17.until``...):
+    the stream leaves them out, so that what reaches a watcher, and what a relay passes
+    on, does not grow with the line. What the watcher reads of the release is all there."""
     locks = manager.store.collection
     key = f"long-line-{uuid.uuid4().hex[:8]}"
     holder = manager.acquire(key, ttl=30, refresh=False)
-    # 150 places in line, as blocked acquirers of another process leave them.
-    place = {"until": {"$add": ["$$NOW", 60_000]}, "at": "$$NOW", "hand": True}
-    line = [
-        {"owner": f"other:7:{n:012x}", **place, "ttl": 30.0, "ttl_ms": 30_000} for n in range(150)
-    ]
+    # 150 places in line, as blocked acquirers of another process leave them; without
+    # ``hand`` (a recipe's waiters) the release frees the key instead of handing it on.
+    place: dict[str, Any] = {"until": {"$add": ["$$NOW", 60_000]}, "at": "$$NOW"}
+    if handed:
+        place.update(hand=True, ttl=30.0, ttl_ms=30_000)
+    line = [{"owner": f"other:7:{n:012x}", **place} for n in range(150)]
     locks.update_one({"_id": key}, [{"$set": {"waiters": line}}])
     with locks.watch(wakeups("other:"), max_await_time_ms=100) as stream:
         assert holder.release()
         deadline = time.monotonic() + BOUND
         while (change := stream.try_next()) is None:
             assert time.monotonic() < deadline
+    # An update, not a replace: the server logs changes smaller than the document as
+    # such (the places' fields are most of the document, but not all of it).
     assert change["operationType"] == "update"
     fields = change["updateDescription"]["updatedFields"]
     assert [name for name in fields if name.startswith(("waiters", "holders"))] == []
-    assert len(bson.encode(change)) < 2048  # 14 KB with the line's fields
-    handoff = handoff_of(change)
-    assert handoff is not None
-    assert (handoff.owner, handoff.previous) == ("other:7:000000000000", holder.owner)
-    assert handoff.token > holder.token
-    assert fields["head"] == "other:7:000000000001"
-    # The document itself keeps its line, one place shorter.
-    assert len(_line(locks, key)) == 149
+    assert len(bson.encode(change)) < 2048  # 5 to 14 KB with the places' fields
+    if handed:
+        handoff = handoff_of(change)
+        assert handoff is not None
+        assert (handoff.owner, handoff.previous) == ("other:7:000000000000", holder.owner)
+        assert handoff.token > holder.token
+        assert fields["head"] == "other:7:000000000001"
+    else:
+        assert "owner" in fields
+        assert fields["owner"] is None
+        assert handoff_of(change) is None
+    # The document itself keeps its line (one place shorter after a handoff).
+    assert len(_line(locks, key)) == (149 if handed else 150)
