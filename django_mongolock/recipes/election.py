@@ -113,7 +113,7 @@ class Election:
     def stop(self) -> None:
         """Stop campaigning; a leader steps down (releases) and ``on_demoted`` runs.
 
-        Waits for a campaign attempt under way (bounded by the server selection timeout),
+        Waits for a campaign attempt under way (bounded by the operation limit),
         so that no lock taken after ``stop()`` is left to the end of its lease.
         """
         self._active.clear()

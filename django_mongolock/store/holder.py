@@ -140,7 +140,7 @@ class HolderQueries(StoreBase):
                 doc = self._update(queries.release_shared(key, owner, token))
             return queries.released_live(doc)
         # One time budget for every write and read below: a release is one operation,
-        # bounded like any other by the server selection timeout.
+        # bounded like an acquire by the operation limit (``timeout``).
         with self._translate, pymongo.timeout(self.timeout):
             # Nobody in line to hand it to (the common case): one small write. Else, or
             # when that matched nothing, the write that hands it on decides; a lock

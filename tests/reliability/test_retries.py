@@ -26,12 +26,17 @@ from django_mongolock import (
     queries,
 )
 from django_mongolock.testing import MongoReplicaSet
+from tests.utils import NamedManager
+
+# The app name of the manager the fail point is for.
+APP = "retries"
 
 
 @pytest.fixture
 def lose_next_reply(fail_points: MongoReplicaSet) -> Iterator[Any]:
-    """``lose_next_reply()``: the next findAndModify is applied, then answered with a
-    retryable write concern error, so that the driver retries it."""
+    """``lose_next_reply()``: the next findAndModify of the ``retrying`` manager is
+    applied, then answered with a retryable write concern error, so that the driver
+    retries it (no other client of the shared fail-point set meets it)."""
     admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
 
     def arm(code: int = 6, times: int = 1) -> None:
@@ -43,6 +48,7 @@ def lose_next_reply(fail_points: MongoReplicaSet) -> Iterator[Any]:
                 "failCommands": ["findAndModify", "update"],
                 "writeConcernError": {"code": code, "errmsg": "reply lost (fail point)"},
                 "errorLabels": ["RetryableWriteError"],
+                "appName": APP,
             },
         )
 
@@ -53,7 +59,7 @@ def lose_next_reply(fail_points: MongoReplicaSet) -> Iterator[Any]:
 
 @pytest.fixture
 def retrying(fail_points: MongoReplicaSet) -> Iterator[LockManager]:
-    with LockManager(fail_points.url, database="retries") as manager:
+    with NamedManager(fail_points.url, app=APP, database="retries") as manager:
         yield manager
         manager.client.drop_database("retries")
 
