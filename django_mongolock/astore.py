@@ -102,15 +102,16 @@ class AsyncLockStore:
             return mongo.checked(await database.command(command, codec_options=codec)), True
 
     async def _update(self, op: queries.Update) -> Any:
-        return await self.collection.find_one_and_update(
-            op.filter,
-            op.pipeline,
-            projection=op.projection,
-            return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
-        )
+        with pymongo.timeout(self.timeout):  # see HolderQueries._update
+            return await self.collection.find_one_and_update(
+                op.filter,
+                op.pipeline,
+                projection=op.projection,
+                return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
+            )
 
     async def leave_queue(self, key: str, owner: str) -> None:
-        with self._translate:
+        with self._translate, pymongo.timeout(self.timeout):
             await self.collection.update_one(*queries.leave_queue(key, owner))
 
     async def leave(self, key: str, owner: str, *, shared: bool = False) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pymongo
@@ -629,4 +629,36 @@ def test_the_time_limit_of_a_given_client(options: dict[str, Any], limit: float)
     try:
         assert manager.store.timeout == limit
     finally:
+        _close(manager)
+
+
+@pytest.mark.parametrize("operation", ["refresh", "shared release", "leave the line"])
+def test_every_holder_call_of_a_given_client_is_bounded(
+    fail_points: MongoReplicaSet, hang: Any, operation: str
+) -> None:
+    """A given client without ``timeoutMS`` sets no limit on a write of its own: a refresh
+    by hand, a shared release and leaving the line are bounded by its server selection
+    timeout, like an acquire, rather than waiting as long as the server holds them."""
+    app = f"unbounded-{operation.replace(' ', '-')}"
+    database = f"given_bound_{operation.replace(' ', '_')}"
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url, appname=app, serverSelectionTimeoutMS=1500
+    )
+    manager = LockManager(client=client, database=database)
+    try:
+        assert manager.store.timeout == 1.5
+        lock = manager.acquire("held", ttl=30, refresh=False, shared=operation == "shared release")
+        calls: dict[str, Callable[[], object]] = {
+            "refresh": lock.refresh,
+            "shared release": lock.release,
+            "leave the line": lambda: manager.store.leave_queue("held", "a-waiter"),
+        }
+        hang(app, ms=3500, times=1)
+        started = clock.now()
+        with pytest.raises(ServerUnavailable, match=r"within 1\.5s"):
+            calls[operation]()
+        took = clock.now() - started
+        assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the client alone would have waited
+    finally:
+        manager.client.drop_database(database)
         _close(manager)

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import bson
@@ -21,7 +21,13 @@ from pymongo import MongoClient
 
 from django_mongolock import Lock, LockManager, events
 from django_mongolock.owners import owner_prefix
-from django_mongolock.queries import FREED_EVENTS, LINE_CHECK_MS, PLACE_GRACE_MS, wakeups
+from django_mongolock.queries import (
+    ENDED_KEEP,
+    FREED_EVENTS,
+    LINE_CHECK_MS,
+    PLACE_GRACE_MS,
+    wakeups,
+)
 from django_mongolock.watcher import handoff_of
 
 BOUND = 60.0
@@ -343,7 +349,9 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
     if handed:
         place.update(hand=True, ttl=30.0, ttl_ms=30_000)
     line = [{"owner": f"other:7:{n:012x}", **place} for n in range(150)]
-    locks.update_one({"_id": key}, [{"$set": {"waiters": line}}])
+    # The latest acquisitions that ended, as a busy key keeps them: a release shifts them.
+    ended = [f"gone:7:{n:012x}" for n in range(ENDED_KEEP)]
+    locks.update_one({"_id": key}, [{"$set": {"waiters": line, "ended": ended}}])
     with locks.watch(wakeups("other:"), max_await_time_ms=100) as stream:
         assert holder.release()
         deadline = time.monotonic() + BOUND
@@ -354,7 +362,12 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
     assert change["operationType"] == "update"
     fields = change["updateDescription"]["updatedFields"]
     assert [name for name in fields if name.startswith(("waiters", "holders"))] == []
-    assert len(bson.encode(change)) < 2048  # 5 to 14 KB with the places' fields
+    # Of ``ended``, only the owner the release put in front.
+    assert {name: value for name, value in fields.items() if name.startswith("ended")} in (
+        {"ended": [holder.owner]},
+        {"ended.0": holder.owner},
+    )
+    assert len(bson.encode(change)) < 1024  # 5 to 14 KB with the places' fields
     if handed:
         handoff = handoff_of(change)
         assert handoff is not None
@@ -367,3 +380,41 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
         assert handoff_of(change) is None
     # The document itself keeps its line (one place shorter after a handoff).
     assert len(_line(locks, key)) == (149 if handed else 150)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["by-position", "whole"])
+def test_a_handoff_event_keeps_only_the_first_ended_owner(
+    manager: LockManager, whole: bool
+) -> None:
+    """The server reports a changed ``ended`` whole or by its positions; either way the
+    stream keeps only its first entry (the owner the release ended) and every field the
+    watcher reads, and drops the places of the lists. Run through the stream's own
+    stages, on update events as the server writes them."""
+    released_at = datetime.now(UTC)
+    ended: dict[str, Any] = (
+        {"ended": ["old-holder", *(f"gone:{n}" for n in range(1, ENDED_KEEP))]}
+        if whole
+        else {"ended.0": "old-holder", **{f"ended.{n}": f"gone:{n}" for n in range(1, ENDED_KEEP)}}
+    )
+    fields = {
+        "owner": "next:7:1",
+        "token": 12,
+        "acquired_at": released_at,
+        "expires_at": released_at + timedelta(seconds=30),
+        "released_at": released_at,
+        "head": "next:7:2",
+        **ended,
+        "waiters.3.owner": "next:7:5",
+        "waiters.3.until": released_at,
+        "holders": [],
+    }
+    events = manager.store.collection.database["synthetic_events"]
+    events.insert_one({"operationType": "update", "updateDescription": {"updatedFields": fields}})
+    (trimmed,) = events.aggregate(wakeups(None))
+    kept = trimmed["updateDescription"]["updatedFields"]
+    first_only = {"ended": ["old-holder"]} if whole else {"ended.0": "old-holder"}
+    listed = ("owner", "token", "acquired_at", "expires_at", "released_at", "head")
+    assert kept == {**{name: kept[name] for name in listed}, **first_only}
+    handoff = handoff_of(trimmed)
+    assert handoff is not None
+    assert (handoff.owner, handoff.token, handoff.previous) == ("next:7:1", 12, "old-holder")

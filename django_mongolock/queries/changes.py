@@ -17,8 +17,18 @@ _RELEASE_LOGGED_WHOLE: Final = {
 # of a long line would carry hundreds of kilobytes to the watching process, and an update
 # event names every place that moved apart (a handoff shifts the line: ``waiters.17.owner``,
 # ``waiters.17.until``... 14 KB for 200 places), which the watcher would read, and a relay
-# pass on, for nothing.
-_LIST_FIELD: Final = r"^(waiters|holders)(\.|$)"
+# pass on, for nothing. So are the later entries of ``ended``, which a release shifts too
+# (the server names them apart, or reports the list whole): only its first, the owner
+# the release ended, tells whose release it was.
+_KEPT_FIELD: Final = r"^(?!(waiters|holders)(\.|$)|ended\.[1-9])"
+# ``ended`` reported whole becomes its first entry alone, in a list as before.
+_FIRST_ENDED: Final = {
+    "$cond": [
+        {"$eq": ["$$f.k", "ended"]},
+        {"k": "ended", "v": {"$slice": ["$$f.v", 1]}},
+        "$$f",
+    ]
+}
 _WITHOUT_LISTS: Final = (
     {"$project": {"fullDocument.waiters": 0, "fullDocument.holders": 0}},
     {
@@ -32,19 +42,21 @@ _WITHOUT_LISTS: Final = (
                             {
                                 "updatedFields": {
                                     "$arrayToObject": {
-                                        "$filter": {
-                                            "input": {"$objectToArray": f"${_UPDATED}"},
-                                            "as": "f",
-                                            "cond": {
-                                                "$not": [
-                                                    {
+                                        "$map": {
+                                            "input": {
+                                                "$filter": {
+                                                    "input": {"$objectToArray": f"${_UPDATED}"},
+                                                    "as": "f",
+                                                    "cond": {
                                                         "$regexMatch": {
                                                             "input": "$$f.k",
-                                                            "regex": _LIST_FIELD,
+                                                            "regex": _KEPT_FIELD,
                                                         }
-                                                    }
-                                                ]
+                                                    },
+                                                }
                                             },
+                                            "as": "f",
+                                            "in": _FIRST_ENDED,
                                         }
                                     }
                                 }

@@ -86,7 +86,7 @@ class HolderQueries(StoreBase):
 
     def leave_queue(self, key: str, owner: str) -> None:
         """Give up a waiter's place in line (it stopped waiting)."""
-        with self._translate:
+        with self._translate, pymongo.timeout(self.timeout):
             self.collection.update_one(*queries.leave_queue(key, owner))
 
     def leave(self, key: str, owner: str, *, shared: bool = False) -> None:
@@ -106,12 +106,15 @@ class HolderQueries(StoreBase):
                 self._send(queries.leave(key, owner).command(self.collection.name))
 
     def _update(self, op: queries.Update) -> Any:
-        return self.collection.find_one_and_update(
-            op.filter,
-            op.pipeline,
-            projection=op.projection,
-            return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
-        )
+        """One holder's write (a refresh by hand, a shared release), bounded like an
+        acquire: a given client without ``timeoutMS`` sets no limit of its own."""
+        with pymongo.timeout(self.timeout):
+            return self.collection.find_one_and_update(
+                op.filter,
+                op.pipeline,
+                projection=op.projection,
+                return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
+            )
 
     def refresh(
         self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False
