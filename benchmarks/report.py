@@ -43,6 +43,17 @@ def _met(met: bool | None) -> str:
     return "n/a" if met is None else "**met**" if met else "**missed**"
 
 
+def _ratio(value: float, bound: float | None) -> str:
+    """``value`` to three places, or as many more as it takes not to show the goal's own
+    ``bound`` beside a verdict that ``value`` fell on the other side of it."""
+    digits = 3
+    while (
+        bound is not None and value != bound and digits < 6 and x(value, digits) == x(bound, digits)
+    ):
+        digits += 1
+    return x(value, digits)
+
+
 def _header(meta: dict[str, Any]) -> list[str]:
     load_start = ", ".join(f"{v:.2f}" for v in meta["load_start"])
     load_end = ", ".join(f"{v:.2f}" for v in meta.get("load_end", ()))
@@ -119,7 +130,7 @@ def render(
                     row["target"],
                     row["goal"],
                     row["figure"],
-                    f"{x(row['ratio'], 3)} {row['ratio_to']}".strip(),
+                    f"{_ratio(row['ratio'], row.get('bound'))} {row['ratio_to']}".strip(),
                     _met(row["met"]),
                 ]
                 for row in rows
