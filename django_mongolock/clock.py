@@ -15,6 +15,7 @@ late, and both are covered here:
 
 from __future__ import annotations
 
+import functools
 import time
 
 __all__ = ["DRIFT_RATE", "MIN_MARGIN", "margin", "now"]
@@ -36,6 +37,11 @@ now = _boottime if _BOOTTIME is not None else time.monotonic
 """Seconds on a clock that never goes back and keeps counting while the machine sleeps."""
 
 
+@functools.lru_cache(maxsize=256)
 def margin(ttl: float) -> float:
-    """How long before the end of a ``ttl``-second lease the holder counts it as over."""
+    """How long before the end of a ``ttl``-second lease the holder counts it as over.
+
+    Cached: a refresher tick asks it for every lease it extended, and a process uses
+    few lease lengths.
+    """
     return min(ttl / 4, max(MIN_MARGIN, ttl * DRIFT_RATE))

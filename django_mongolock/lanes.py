@@ -23,7 +23,7 @@ from django_mongolock.info import process_of
 from django_mongolock.mongo import DOCUMENT_REFUSED
 from django_mongolock.store import LockStore
 
-__all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "interval"]
+__all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "holder_processes", "interval"]
 
 logger = logging.getLogger("django_mongolock.refresher")
 
@@ -265,15 +265,21 @@ class Lane:
         itself does not dwarf.
         """
         started, lag, self._late = clock.now(), self._late, 0.0
+        locks: list[Lease] = []
+        over: list[Lease] = []
         with self._cond:
-            for lock in [lk for lk in self._locks if lk.over]:
-                self._locks.discard(lock)  # lost by its deadline: nothing left to keep
-            locks = [lk for lk in self._locks if lk.refreshable]
+            for lk in self._locks:  # one pass: at 10,000 leases each pass counts
+                if lk.over:
+                    over.append(lk)  # lost by its deadline: nothing left to keep
+                elif lk.refreshable:
+                    locks.append(lk)
+            for lock in over:
+                self._locks.discard(lock)
             elections = list(self._elections)
         if not locks and not elections:
             return
         shortest = min(
-            min((lk.ttl for lk in locks), default=math.inf),
+            min({lk.ttl for lk in locks}, default=math.inf),
             min((election.ttl for election in elections), default=math.inf),
         )
         next_due = clock.now() + interval(shortest)
@@ -389,7 +395,7 @@ class Lane:
             store = self.manager.store
             # Half an interval at most: the next tick's refresh must not wait on it.
             with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
-                store.heartbeat({process_of(lk.owner) for lk in locks}, interval)
+                store.heartbeat(holder_processes(locks), interval)
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             if not self._silent:
                 logger.warning("cannot record this process's heartbeat: %s", exc)
@@ -410,6 +416,22 @@ class Lane:
 
 
 _NOT_EXTENDED = "its lease could not be extended (released by somebody else, or already over)"
+
+
+def holder_processes(locks: Sequence[Lease]) -> set[str]:
+    """The processes of the holders of ``locks`` (this one's, unless forked from it):
+    the owners are parsed only where the one before belongs to another process."""
+    processes: set[str] = set()
+    prefix, start = "\0", 1  # what each owner id of the last process found starts with
+    for lk in locks:
+        owner = lk.owner
+        # No further ":" after it: a host name may hold one (``process_of``).
+        if not owner.startswith(prefix) or owner.find(":", start) >= 0:
+            process = process_of(owner)
+            processes.add(process)
+            prefix = f"{process}:"
+            start = len(prefix)
+    return processes
 
 
 def interval(ttl: float) -> float:

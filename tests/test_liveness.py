@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pymongo import MongoClient, monitoring
 
 from django_mongolock import LockManager, clock
 from django_mongolock.info import process_of
+from django_mongolock.lanes import holder_processes
 from django_mongolock.queries import HEARTBEAT_SLACK
 from django_mongolock.refresher import get_refresher
 
@@ -53,6 +54,22 @@ def test_process_of_strips_the_serial() -> None:
     assert process_of("web-1:4242:00000000abcd") == "web-1:4242"
     assert process_of("my:owner:prefix:77:0000000000ff") == "my:owner:prefix:77"
     assert process_of("plain") == "plain"
+
+
+def test_a_heartbeat_names_each_process_of_the_leases_once() -> None:
+    """The tick reads the process of each lease without parsing every owner id, and
+    still tells apart processes whose ids start alike (a host name may hold a colon)."""
+
+    class Held:
+        def __init__(self, owner: str) -> None:
+            self.owner = owner
+
+    owners = ["web:7:a1", "web:7:b2", "web:7:2:c3", "web:8:d4", "web:7:e5", "web:7", "web:7:"]
+    rng = random.Random(7)
+    for _ in range(500):
+        drawn = rng.choices(owners, k=rng.randint(0, 9))
+        held = [Held(owner) for owner in drawn]
+        assert holder_processes(cast(Any, held)) == {process_of(owner) for owner in drawn}
 
 
 def test_a_live_holder_process_is_alive_and_a_killed_one_is_not(
