@@ -44,8 +44,9 @@ def _met(met: bool | None) -> str:
 
 
 def _ratio(value: float, bound: float | None) -> str:
-    """``value`` to three places, or as many more as it takes not to show the goal's own
-    ``bound`` beside a verdict that ``value`` fell on the other side of it."""
+    """``value`` to three places, or to as many more (up to six) as it takes not to show
+    the goal's own ``bound`` in place of a value beside it: 0.8996x, not 0.900x, for a
+    goal of 0.9x missed."""
     digits = 3
     while (
         bound is not None and value != bound and digits < 6 and x(value, digits) == x(bound, digits)

@@ -74,7 +74,7 @@ class AsyncLockStore:
                     # The server answered, but maybe after applying the write: give back
                     # whatever this owner got rather than leave it held by nobody.
                     undo = queries.give_up(key, owner, shared=shared)
-                    with contextlib.suppress(PyMongoError):
+                    with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
                         await self.collection.update_one(undo.filter, undo.pipeline)
                     raise
         info = LockInfo.from_document(doc)

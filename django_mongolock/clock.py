@@ -37,11 +37,13 @@ now = _boottime if _BOOTTIME is not None else time.monotonic
 """Seconds on a clock that never goes back and keeps counting while the machine sleeps."""
 
 
-@functools.lru_cache(maxsize=256)
 def margin(ttl: float) -> float:
-    """How long before the end of a ``ttl``-second lease the holder counts it as over.
+    """How long before the end of a ``ttl``-second lease the holder counts it as over."""
+    return _margin(ttl)
 
-    Cached: a refresher tick asks it for every lease it extended, and a process uses
-    few lease lengths.
-    """
+
+@functools.lru_cache(maxsize=256)
+def _margin(ttl: float) -> float:
+    # Cached: a refresher tick asks for every lease it extended, and a process uses few
+    # lease lengths.
     return min(ttl / 4, max(MIN_MARGIN, ttl * DRIFT_RATE))

@@ -8,7 +8,7 @@ commands and the admin only read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -21,6 +21,7 @@ __all__ = [
     "Order",
     "State",
     "process_of",
+    "processes_of",
 ]
 
 State = Literal["live", "expired", "all"]
@@ -208,6 +209,21 @@ def process_of(owner: str) -> str:
     """The process part of an owner id: ``host:pid:serial`` without its ``:serial``."""
     head, sep, _ = owner.rpartition(":")
     return head if sep and head else owner
+
+
+def processes_of(owners: Iterable[str]) -> set[str]:
+    """``{process_of(owner) for owner in owners}``, for the refresher's heartbeat: an
+    owner id is parsed only where the one before it belongs to another process (at
+    10,000 leases of one process, one parse instead of 10,000)."""
+    processes: set[str] = set()
+    prefix: str | None = None  # with ``:``: the owner ids of the last process parsed
+    for owner in owners:
+        # The same process only with no ``:`` after the prefix (a host may hold one).
+        if prefix is None or not owner.startswith(prefix) or owner.find(":", len(prefix)) >= 0:
+            process = process_of(owner)
+            processes.add(process)
+            prefix = f"{process}:" if process != owner else None
+    return processes
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,11 @@ from pymongo.errors import WriteError
 
 from django_mongolock import clock, events, reasons
 from django_mongolock.exceptions import MongoLockError, ServerUnavailable
-from django_mongolock.info import process_of
+from django_mongolock.info import processes_of
 from django_mongolock.mongo import DOCUMENT_REFUSED
 from django_mongolock.store import LockStore
 
-__all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "holder_processes", "interval"]
+__all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "interval"]
 
 logger = logging.getLogger("django_mongolock.refresher")
 
@@ -395,7 +395,7 @@ class Lane:
             store = self.manager.store
             # Half an interval at most: the next tick's refresh must not wait on it.
             with pymongo.timeout(max(MIN_WRITE_TIME, interval / 2)):
-                store.heartbeat(holder_processes(locks), interval)
+                store.heartbeat(processes_of(lk.owner for lk in locks), interval)
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             if not self._silent:
                 logger.warning("cannot record this process's heartbeat: %s", exc)
@@ -416,22 +416,6 @@ class Lane:
 
 
 _NOT_EXTENDED = "its lease could not be extended (released by somebody else, or already over)"
-
-
-def holder_processes(locks: Sequence[Lease]) -> set[str]:
-    """The processes of the holders of ``locks`` (this one's, unless forked from it):
-    the owners are parsed only where the one before belongs to another process."""
-    processes: set[str] = set()
-    prefix, start = "\0", 1  # what each owner id of the last process found starts with
-    for lk in locks:
-        owner = lk.owner
-        # No further ":" after it: a host name may hold one (``process_of``).
-        if not owner.startswith(prefix) or owner.find(":", start) >= 0:
-            process = process_of(owner)
-            processes.add(process)
-            prefix = f"{process}:"
-            start = len(prefix)
-    return processes
 
 
 def interval(ttl: float) -> float:

@@ -27,21 +27,28 @@ from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
 from tests.utils import NamedManager
+from tests.validators import refusing
 from tests.waiting import in_line
 
 
 @pytest.fixture
 def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
-    """``hang(app, ms=5000)``: the server holds every write of clients named ``app``."""
+    """``hang(app, ms=5000)``: the server holds every write of clients named ``app``
+    (with ``commands``, those commands only)."""
     admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
 
-    def arm(app: str, ms: int = 5000, times: int | None = None) -> None:
+    def arm(
+        app: str,
+        ms: int = 5000,
+        times: int | None = None,
+        commands: tuple[str, ...] = ("update", "findAndModify"),
+    ) -> None:
         admin.admin.command(
             "configureFailPoint",
             "failCommand",
             mode="alwaysOn" if times is None else {"times": times},
             data={
-                "failCommands": ["update", "findAndModify"],
+                "failCommands": list(commands),
                 "blockConnection": True,
                 "blockTimeMS": ms,
                 "appName": app,
@@ -659,6 +666,32 @@ def test_every_holder_call_of_a_given_client_is_bounded(
             calls[operation]()
         took = clock.now() - started
         assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the client alone would have waited
+    finally:
+        manager.client.drop_database(database)
+        _close(manager)
+
+
+def test_the_give_back_after_a_refused_acquire_is_bounded(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """An acquire the server answers with an error may still have been applied, so what
+    the owner got is given back: that write is bounded by the operation limit too, on a
+    given client without ``timeoutMS``, rather than waiting as long as the server holds
+    it. The server refuses the acquire (a validator), then holds its next ``update``."""
+    app, database = "given-back", "given_back"
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url, appname=app, serverSelectionTimeoutMS=1500
+    )
+    manager = LockManager(client=client, database=database)
+    try:
+        manager.acquire("other", ttl=30, refresh=False)  # the collection, for its validator
+        with refusing(fail_points.url, manager, "refused"):
+            hang(app, ms=3500, times=1, commands=("update",))
+            started = clock.now()
+            with pytest.raises(MongoLockError, match="Document failed validation"):
+                manager.acquire("refused", blocking=False, refresh=False)
+            took = clock.now() - started
+        assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the give-back would have waited
     finally:
         manager.client.drop_database(database)
         _close(manager)

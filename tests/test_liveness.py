@@ -9,14 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from pymongo import MongoClient, monitoring
 
 from django_mongolock import LockManager, clock
-from django_mongolock.info import process_of
-from django_mongolock.lanes import holder_processes
+from django_mongolock.info import process_of, processes_of
 from django_mongolock.queries import HEARTBEAT_SLACK
 from django_mongolock.refresher import get_refresher
 
@@ -56,20 +55,16 @@ def test_process_of_strips_the_serial() -> None:
     assert process_of("plain") == "plain"
 
 
-def test_a_heartbeat_names_each_process_of_the_leases_once() -> None:
-    """The tick reads the process of each lease without parsing every owner id, and
-    still tells apart processes whose ids start alike (a host name may hold a colon)."""
-
-    class Held:
-        def __init__(self, owner: str) -> None:
-            self.owner = owner
-
-    owners = ["web:7:a1", "web:7:b2", "web:7:2:c3", "web:8:d4", "web:7:e5", "web:7", "web:7:"]
+def test_processes_of_parses_each_process_once_and_tells_them_apart() -> None:
+    """The heartbeat's process ids, read without parsing every owner id of one process,
+    are those of each owner id: also where ids start alike (a host name may hold a
+    colon) or are no ``host:pid:serial`` at all."""
+    owners = ["web:7:a1", "web:7:b2", "web:7:2:c3", "web:8:d4", "web:7", "web:7:", "", ":x"]
+    owners += ["\0a", "plain"]
     rng = random.Random(7)
-    for _ in range(500):
+    for _ in range(2000):
         drawn = rng.choices(owners, k=rng.randint(0, 9))
-        held = [Held(owner) for owner in drawn]
-        assert holder_processes(cast(Any, held)) == {process_of(owner) for owner in drawn}
+        assert processes_of(drawn) == {process_of(owner) for owner in drawn}, drawn
 
 
 def test_a_live_holder_process_is_alive_and_a_killed_one_is_not(

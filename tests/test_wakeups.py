@@ -382,20 +382,22 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
     assert len(_line(locks, key)) == (149 if handed else 150)
 
 
-@pytest.mark.parametrize("whole", [False, True], ids=["by-position", "whole"])
-def test_a_handoff_event_keeps_only_the_first_ended_owner(
-    manager: LockManager, whole: bool
-) -> None:
-    """The server reports a changed ``ended`` whole or by its positions; either way the
-    stream keeps only its first entry (the owner the release ended) and every field the
-    watcher reads, and drops the places of the lists. Run through the stream's own
-    stages, on update events as the server writes them."""
-    released_at = datetime.now(UTC)
-    ended: dict[str, Any] = (
-        {"ended": ["old-holder", *(f"gone:{n}" for n in range(1, ENDED_KEEP))]}
-        if whole
-        else {"ended.0": "old-holder", **{f"ended.{n}": f"gone:{n}" for n in range(1, ENDED_KEEP)}}
-    )
+@pytest.mark.parametrize("form", ["by-position", "whole", "replace", "not-a-list"])
+def test_a_handoff_event_keeps_only_the_first_ended_owner(manager: LockManager, form: str) -> None:
+    """The server reports a changed ``ended`` whole or by its positions, or the whole
+    document (a replace event); each way the stream keeps only its first entry (the owner
+    the release ended) and every field the watcher reads, and drops the places of the
+    lists. An ``ended`` that is no list passes as it is: the stream must not fail on it.
+    Run through the stream's own stages, on events as the server writes them."""
+    released_at = datetime.now(UTC).replace(microsecond=0)  # as BSON keeps it
+    latest = ["old-holder", *(f"gone:{n}" for n in range(1, ENDED_KEEP))]
+    forms: dict[str, dict[str, Any]] = {
+        "by-position": {f"ended.{n}": owner for n, owner in enumerate(latest)},
+        "whole": {"ended": latest},
+        "replace": {"ended": latest},
+        "not-a-list": {"ended": "old-holder"},
+    }
+    ended = forms[form]
     fields = {
         "owner": "next:7:1",
         "token": 12,
@@ -403,18 +405,28 @@ def test_a_handoff_event_keeps_only_the_first_ended_owner(
         "expires_at": released_at + timedelta(seconds=30),
         "released_at": released_at,
         "head": "next:7:2",
-        **ended,
-        "waiters.3.owner": "next:7:5",
-        "waiters.3.until": released_at,
-        "holders": [],
     }
     events = manager.store.collection.database["synthetic_events"]
-    events.insert_one({"operationType": "update", "updateDescription": {"updatedFields": fields}})
+    if form == "replace":
+        lists = {"waiters": [{"owner": "next:7:5", "until": released_at}], "holders": []}
+        whole = {"_id": "k", **fields, **ended, **lists}
+        events.insert_one({"operationType": "replace", "fullDocument": whole})
+    else:
+        places = {"waiters.3.owner": "next:7:5", "waiters.3.until": released_at, "holders": []}
+        changed = {**fields, **ended, **places}
+        events.insert_one(
+            {"operationType": "update", "updateDescription": {"updatedFields": changed}}
+        )
     (trimmed,) = events.aggregate(wakeups(None))
-    kept = trimmed["updateDescription"]["updatedFields"]
-    first_only = {"ended": ["old-holder"]} if whole else {"ended.0": "old-holder"}
-    listed = ("owner", "token", "acquired_at", "expires_at", "released_at", "head")
-    assert kept == {**{name: kept[name] for name in listed}, **first_only}
+    first_only = {
+        "by-position": {"ended.0": "old-holder"},
+        "not-a-list": {"ended": "old-holder"},
+    }.get(form, {"ended": ["old-holder"]})
+    if form == "replace":
+        assert trimmed["fullDocument"] == {"_id": "k", **fields, **first_only}
+    else:
+        assert trimmed["updateDescription"]["updatedFields"] == {**fields, **first_only}
     handoff = handoff_of(trimmed)
     assert handoff is not None
-    assert (handoff.owner, handoff.token, handoff.previous) == ("next:7:1", 12, "old-holder")
+    previous = "" if form == "not-a-list" else "old-holder"
+    assert (handoff.owner, handoff.token, handoff.previous) == ("next:7:1", 12, previous)

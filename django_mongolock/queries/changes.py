@@ -21,18 +21,31 @@ _RELEASE_LOGGED_WHOLE: Final = {
 # (the server names them apart, or reports the list whole): only its first, the owner
 # the release ended, tells whose release it was.
 _KEPT_FIELD: Final = r"^(?!(waiters|holders)(\.|$)|ended\.[1-9])"
-# ``ended`` reported whole becomes its first entry alone, in a list as before.
+
+
+def _first_only(ended: str) -> dict[str, Any]:
+    """``ended`` (an expression) cut to its first entry, in a list as before; left as it
+    is if it is no list (a stage that raised would fail every resume of the stream)."""
+    return {"$cond": [{"$isArray": ended}, {"$slice": [ended, 1]}, ended]}
+
+
+# ``ended`` reported whole in an update event: its first entry alone.
 _FIRST_ENDED: Final = {
+    "$cond": [{"$eq": ["$$f.k", "ended"]}, {"k": "ended", "v": _first_only("$$f.v")}, "$$f"]
+}
+# The same in the document of a replace event.
+_REPLACED: Final = {
     "$cond": [
-        {"$eq": ["$$f.k", "ended"]},
-        {"k": "ended", "v": {"$slice": ["$$f.v", 1]}},
-        "$$f",
+        {"$eq": ["$operationType", "replace"]},
+        {"$mergeObjects": ["$fullDocument", {"ended": _first_only("$fullDocument.ended")}]},
+        "$fullDocument",
     ]
 }
 _WITHOUT_LISTS: Final = (
     {"$project": {"fullDocument.waiters": 0, "fullDocument.holders": 0}},
     {
         "$set": {
+            "fullDocument": _REPLACED,
             "updateDescription": {
                 "$cond": [
                     {"$eq": ["$operationType", "update"]},
@@ -65,7 +78,7 @@ _WITHOUT_LISTS: Final = (
                     },
                     "$$REMOVE",
                 ]
-            }
+            },
         }
     },
 )

@@ -56,8 +56,9 @@ class HolderQueries(StoreBase):
                 else:
                     # The server answered, but maybe after applying the write: give back
                     # whatever this owner got rather than leave it held by nobody.
+                    # A round trip of its own, bounded like the first.
                     undo = queries.give_up(key, owner, shared=shared)
-                    with contextlib.suppress(PyMongoError):
+                    with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
                         self.collection.update_one(undo.filter, undo.pipeline)
                     raise
         info = LockInfo.from_document(doc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pymongo
+
 from django_mongolock import queries
 from django_mongolock.info import IndexAction, LockInfo, Order, State
 from django_mongolock.store.base import StoreBase
@@ -16,7 +18,7 @@ class OperatorQueries(StoreBase):
 
     def force_release(self, key: str, token: int | None = None) -> LockInfo | None:
         """Delete ``key`` whoever holds it (only at ``token`` when given); the removed lock."""
-        with self._translate:
+        with self._translate, pymongo.timeout(self.timeout):
             doc = self.collection.find_one_and_delete(
                 queries.force_release(key, token), projection=queries.PROJECTION
             )
