@@ -65,18 +65,15 @@ class AsyncLockStore:
         op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
-                doc = await self._upsert(key, op)
-            except OperationFailure as exc:  # write concern and write errors among them
-                if isinstance(exc, DuplicateKeyError):
-                    # Two upserts raced to create the document; the loser tries again.
+                try:
                     doc = await self._upsert(key, op)
-                else:
-                    # The server answered, but maybe after applying the write: give back
-                    # whatever this owner got rather than leave it held by nobody.
-                    undo = queries.give_up(key, owner, shared=shared)
-                    with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
-                        await self.collection.update_one(undo.filter, undo.pipeline)
-                    raise
+                except DuplicateKeyError:
+                    doc = await self._upsert(key, op)  # see LockStore.acquire
+            except OperationFailure:
+                undo = queries.give_up(key, owner, shared=shared)
+                with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
+                    await self.collection.update_one(undo.filter, undo.pipeline)
+                raise
         info = LockInfo.from_document(doc)
         return queries.refused(info, owner, queue=queue, shared=shared, limit=limit)
 

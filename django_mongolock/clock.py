@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 __all__ = ["DRIFT_RATE", "MIN_MARGIN", "margin", "now"]
 
@@ -37,13 +38,12 @@ now = _boottime if _BOOTTIME is not None else time.monotonic
 """Seconds on a clock that never goes back and keeps counting while the machine sleeps."""
 
 
-def margin(ttl: float) -> float:
-    """How long before the end of a ``ttl``-second lease the holder counts it as over."""
-    return _margin(ttl)
-
-
 @functools.lru_cache(maxsize=256)
 def _margin(ttl: float) -> float:
-    # Cached: a refresher tick asks for every lease it extended, and a process uses few
-    # lease lengths.
     return min(ttl / 4, max(MIN_MARGIN, ttl * DRIFT_RATE))
+
+
+# Cached: a refresher tick asks for every lease it extended, and a process uses few lease
+# lengths. Typed as the function it is, which the cache's own type would not check.
+margin: Callable[[float], float] = _margin
+"""How long before the end of a ``ttl``-second lease the holder counts it as over."""

@@ -213,8 +213,8 @@ def process_of(owner: str) -> str:
 
 def processes_of(owners: Iterable[str]) -> set[str]:
     """``{process_of(owner) for owner in owners}``, for the refresher's heartbeat: an
-    owner id is parsed only where the one before it belongs to another process (at
-    10,000 leases of one process, one parse instead of 10,000)."""
+    owner id is parsed only where the one before it has no process part or belongs to
+    another process (at 10,000 leases of one process, one parse instead of 10,000)."""
     processes: set[str] = set()
     prefix: str | None = None  # with ``:``: the owner ids of the last process parsed
     for owner in owners:

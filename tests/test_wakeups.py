@@ -426,7 +426,28 @@ def test_a_handoff_event_keeps_only_the_first_ended_owner(manager: LockManager, 
         assert trimmed["fullDocument"] == {"_id": "k", **fields, **first_only}
     else:
         assert trimmed["updateDescription"]["updatedFields"] == {**fields, **first_only}
+        assert "fullDocument" not in trimmed  # none added to an update event
     handoff = handoff_of(trimmed)
     assert handoff is not None
     previous = "" if form == "not-a-list" else "old-holder"
     assert (handoff.owner, handoff.token, handoff.previous) == ("next:7:1", 12, previous)
+
+
+def test_the_trim_adds_nothing_to_events_that_lack_what_it_cuts(manager: LockManager) -> None:
+    """A delete, an update without ``ended`` and a replace without it, or with one that
+    is no list, come out of the stream's stages as they went in (the lists aside)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    freed = {"owner": None, "released_at": now, "head": None}
+    given: list[dict[str, Any]] = [
+        {"operationType": "delete", "documentKey": {"_id": "k"}},
+        {"operationType": "update", "updateDescription": {"updatedFields": freed}},
+        {"operationType": "replace", "fullDocument": {"_id": "k", **freed, "acquired_at": now}},
+        {
+            "operationType": "replace",
+            "fullDocument": {"_id": "k", **freed, "acquired_at": now, "ended": "x"},
+        },
+    ]
+    events = manager.store.collection.database["synthetic_events"]
+    events.insert_many([{"n": n, **event} for n, event in enumerate(given)])
+    out = list(events.aggregate([*wakeups(None), {"$sort": {"n": 1}}]))
+    assert [{k: v for k, v in event.items() if k not in ("_id", "n")} for event in out] == given

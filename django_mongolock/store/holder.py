@@ -48,19 +48,19 @@ class HolderQueries(StoreBase):
         op = queries.acquire(owner, ttl, queue=queue, shared=shared, limit=limit, tags=tags)
         with self._translate:
             try:
-                doc = self._upsert(key, op)
-            except OperationFailure as exc:  # write concern and write errors among them
-                if isinstance(exc, DuplicateKeyError):
+                try:
+                    doc = self._upsert(key, op)
+                except DuplicateKeyError:
                     # Two upserts raced to create the document; the loser tries again.
                     doc = self._upsert(key, op)
-                else:
-                    # The server answered, but maybe after applying the write: give back
-                    # whatever this owner got rather than leave it held by nobody.
-                    # A round trip of its own, bounded like the first.
-                    undo = queries.give_up(key, owner, shared=shared)
-                    with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
-                        self.collection.update_one(undo.filter, undo.pipeline)
-                    raise
+            except OperationFailure:  # write concern and write errors among them
+                # The server answered, but maybe after applying the write: give back
+                # whatever this owner got rather than leave it held by nobody. A round
+                # trip of its own, bounded like the first.
+                undo = queries.give_up(key, owner, shared=shared)
+                with contextlib.suppress(PyMongoError), pymongo.timeout(self.timeout):
+                    self.collection.update_one(undo.filter, undo.pipeline)
+                raise
         info = LockInfo.from_document(doc)
         return queries.refused(info, owner, queue=queue, shared=shared, limit=limit)
 
