@@ -8,6 +8,7 @@ callbacks that raise, exit or block, and forks while a lock's mutex is held.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -73,6 +74,20 @@ def _close(*managers: LockManager) -> None:
         client = manager.client
         manager.close()
         client.close()
+
+
+@contextlib.contextmanager
+def _given(fail_points: MongoReplicaSet, app: str, **options: Any) -> Iterator[LockManager]:
+    """A manager on a client of its own named ``app`` (built with ``options``), its
+    limit 1.5 s, on a database of its own that is dropped after."""
+    client: MongoClient[Any] = MongoClient(fail_points.url, appname=app, **options)
+    manager = LockManager(client=client, database=app.replace("-", "_"))
+    try:
+        assert manager.store.timeout == 1.5
+        yield manager
+    finally:
+        manager.client.drop_database(manager.database)
+        _close(manager)
 
 
 class Timeline:
@@ -597,13 +612,7 @@ def test_a_client_given_keeps_its_own_time_limit(
     """A manager given a client bounds each lock operation by that client's ``timeoutMS``,
     not by its (longer) server selection timeout: a lock call never waits longer than a
     call of the client it was given would."""
-    database = f"given_limit_{operation}"
-    client: MongoClient[Any] = MongoClient(
-        fail_points.url, appname=f"given-{operation}", timeoutMS=1500
-    )
-    manager = LockManager(client=client, database=database)
-    try:
-        assert manager.store.timeout == 1.5
+    with _given(fail_points, f"given-{operation}", timeoutMS=1500) as manager:
         lock = manager.acquire("other", ttl=30, refresh=False)  # the client's first round trips
         # Held back far past the client's limit, well within the server selection timeout.
         hang(f"given-{operation}", ms=3500, times=1)
@@ -613,9 +622,6 @@ def test_a_client_given_keeps_its_own_time_limit(
             call()
         took = clock.now() - started
         assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the write would have gone through
-    finally:
-        manager.client.drop_database(database)
-        _close(manager)
 
 
 @pytest.mark.parametrize(
@@ -647,13 +653,7 @@ def test_every_holder_call_of_a_given_client_is_bounded(
     by hand, a shared release and leaving the line are bounded by its server selection
     timeout, like an acquire, rather than waiting as long as the server holds them."""
     app = f"unbounded-{operation.replace(' ', '-')}"
-    database = f"given_bound_{operation.replace(' ', '_')}"
-    client: MongoClient[Any] = MongoClient(
-        fail_points.url, appname=app, serverSelectionTimeoutMS=1500
-    )
-    manager = LockManager(client=client, database=database)
-    try:
-        assert manager.store.timeout == 1.5
+    with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
         lock = manager.acquire("held", ttl=30, refresh=False, shared=operation == "shared release")
         calls: dict[str, Callable[[], object]] = {
             "refresh": lock.refresh,
@@ -666,9 +666,6 @@ def test_every_holder_call_of_a_given_client_is_bounded(
             calls[operation]()
         took = clock.now() - started
         assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the client alone would have waited
-    finally:
-        manager.client.drop_database(database)
-        _close(manager)
 
 
 def test_the_give_back_after_a_refused_acquire_is_bounded(
@@ -678,12 +675,8 @@ def test_the_give_back_after_a_refused_acquire_is_bounded(
     the owner got is given back: that write is bounded by the operation limit too, on a
     given client without ``timeoutMS``, rather than waiting as long as the server holds
     it. The server refuses the acquire (a validator), then holds its next ``update``."""
-    app, database = "given-back", "given_back"
-    client: MongoClient[Any] = MongoClient(
-        fail_points.url, appname=app, serverSelectionTimeoutMS=1500
-    )
-    manager = LockManager(client=client, database=database)
-    try:
+    app = "given-back"
+    with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
         manager.acquire("other", ttl=30, refresh=False)  # the collection, for its validator
         with refusing(fail_points.url, manager, "refused"):
             hang(app, ms=3500, times=1, commands=("update",))
@@ -692,6 +685,3 @@ def test_the_give_back_after_a_refused_acquire_is_bounded(
                 manager.acquire("refused", blocking=False, refresh=False)
             took = clock.now() - started
         assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the give-back would have waited
-    finally:
-        manager.client.drop_database(database)
-        _close(manager)

@@ -382,22 +382,41 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
     assert len(_line(locks, key)) == (149 if handed else 150)
 
 
-@pytest.mark.parametrize("form", ["by-position", "whole", "replace", "not-a-list"])
-def test_a_handoff_event_keeps_only_the_first_ended_owner(manager: LockManager, form: str) -> None:
+def _through_the_stream(manager: LockManager, events: list[dict[str, Any]]) -> list[Any]:
+    """``events``, as the server writes them, out of the stream's own stages, in order."""
+    stored = manager.store.collection.database["synthetic_events"]
+    stored.insert_many([{"n": n, **event} for n, event in enumerate(events)])
+    out = stored.aggregate([*wakeups(None), {"$sort": {"n": 1}}])
+    return [{k: v for k, v in event.items() if k not in ("_id", "n")} for event in out]
+
+
+_LATEST = ["old-holder", *(f"gone:{n}" for n in range(1, ENDED_KEEP))]
+
+
+@pytest.mark.parametrize(
+    ("form", "ended", "kept"),
+    [
+        pytest.param(
+            "by-position",
+            {f"ended.{n}": owner for n, owner in enumerate(_LATEST)},
+            {"ended.0": "old-holder"},
+            id="by-position",
+        ),
+        pytest.param("whole", {"ended": _LATEST}, {"ended": ["old-holder"]}, id="whole"),
+        pytest.param("replace", {"ended": _LATEST}, {"ended": ["old-holder"]}, id="replace"),
+        pytest.param(
+            "not-a-list", {"ended": "old-holder"}, {"ended": "old-holder"}, id="not-a-list"
+        ),
+    ],
+)
+def test_a_handoff_event_keeps_only_the_first_ended_owner(
+    manager: LockManager, form: str, ended: dict[str, Any], kept: dict[str, Any]
+) -> None:
     """The server reports a changed ``ended`` whole or by its positions, or the whole
     document (a replace event); each way the stream keeps only its first entry (the owner
     the release ended) and every field the watcher reads, and drops the places of the
-    lists. An ``ended`` that is no list passes as it is: the stream must not fail on it.
-    Run through the stream's own stages, on events as the server writes them."""
+    lists. An ``ended`` that is no list passes as it is: the stream must not fail on it."""
     released_at = datetime.now(UTC).replace(microsecond=0)  # as BSON keeps it
-    latest = ["old-holder", *(f"gone:{n}" for n in range(1, ENDED_KEEP))]
-    forms: dict[str, dict[str, Any]] = {
-        "by-position": {f"ended.{n}": owner for n, owner in enumerate(latest)},
-        "whole": {"ended": latest},
-        "replace": {"ended": latest},
-        "not-a-list": {"ended": "old-holder"},
-    }
-    ended = forms[form]
     fields = {
         "owner": "next:7:1",
         "token": 12,
@@ -406,27 +425,23 @@ def test_a_handoff_event_keeps_only_the_first_ended_owner(manager: LockManager, 
         "released_at": released_at,
         "head": "next:7:2",
     }
-    events = manager.store.collection.database["synthetic_events"]
     if form == "replace":
         lists = {"waiters": [{"owner": "next:7:5", "until": released_at}], "holders": []}
         whole = {"_id": "k", **fields, **ended, **lists}
-        events.insert_one({"operationType": "replace", "fullDocument": whole})
+        (trimmed,) = _through_the_stream(
+            manager, [{"operationType": "replace", "fullDocument": whole}]
+        )
+        assert trimmed["fullDocument"] == {"_id": "k", **fields, **kept}
     else:
         places = {"waiters.3.owner": "next:7:5", "waiters.3.until": released_at, "holders": []}
-        changed = {**fields, **ended, **places}
-        events.insert_one(
-            {"operationType": "update", "updateDescription": {"updatedFields": changed}}
+        changed = {"updatedFields": {**fields, **ended, **places}}
+        (trimmed,) = _through_the_stream(
+            manager, [{"operationType": "update", "updateDescription": changed}]
         )
-    (trimmed,) = events.aggregate(wakeups(None))
-    first_only = {
-        "by-position": {"ended.0": "old-holder"},
-        "not-a-list": {"ended": "old-holder"},
-    }.get(form, {"ended": ["old-holder"]})
-    if form == "replace":
-        assert trimmed["fullDocument"] == {"_id": "k", **fields, **first_only}
-    else:
-        assert trimmed["updateDescription"]["updatedFields"] == {**fields, **first_only}
-        assert "fullDocument" not in trimmed  # none added to an update event
+        assert trimmed == {
+            "operationType": "update",
+            "updateDescription": {"updatedFields": {**fields, **kept}},
+        }  # and no fullDocument added
     handoff = handoff_of(trimmed)
     assert handoff is not None
     previous = "" if form == "not-a-list" else "old-holder"
@@ -447,7 +462,4 @@ def test_the_trim_adds_nothing_to_events_that_lack_what_it_cuts(manager: LockMan
             "fullDocument": {"_id": "k", **freed, "acquired_at": now, "ended": "x"},
         },
     ]
-    events = manager.store.collection.database["synthetic_events"]
-    events.insert_many([{"n": n, **event} for n, event in enumerate(given)])
-    out = list(events.aggregate([*wakeups(None), {"$sort": {"n": 1}}]))
-    assert [{k: v for k, v in event.items() if k not in ("_id", "n")} for event in out] == given
+    assert _through_the_stream(manager, given) == given

@@ -1,10 +1,9 @@
-"""The operator's queries: find, list and count locks, force-release one, keep the indexes."""
+"""The operator's queries: find, list and count locks, keep the indexes (a force release,
+recorded in the audit trail, is in ``records``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-import pymongo
 
 from django_mongolock import queries
 from django_mongolock.info import IndexAction, LockInfo, Order, State
@@ -15,14 +14,6 @@ __all__ = ["OperatorQueries"]
 
 class OperatorQueries(StoreBase):
     """Reads of the lock collection, read at majority, and the operator's writes."""
-
-    def force_release(self, key: str, token: int | None = None) -> LockInfo | None:
-        """Delete ``key`` whoever holds it (only at ``token`` when given); the removed lock."""
-        with self._translate, pymongo.timeout(self.timeout):
-            doc = self.collection.find_one_and_delete(
-                queries.force_release(key, token), projection=queries.PROJECTION
-            )
-        return None if doc is None else LockInfo.from_document(doc)
 
     def find(self, key: str) -> LockInfo | None:
         """The document of ``key`` (live or expired), read at majority."""
