@@ -34,7 +34,7 @@ from pymongo import MongoClient
 from benchmarks.contenders import DATABASE, TTL, Spec
 from benchmarks.stats import ms, summary
 from benchmarks.workers import Job, Pool
-from django_mongolock import LockManager
+from django_mongolock import LockManager, queries
 
 __all__ = [
     "keys_probe",
@@ -204,7 +204,7 @@ def _wake_keys(
 def _wait_queued(client: MongoClient[dict[str, Any]], keys: list[str], each: int) -> None:
     """Until every key has ``each`` waiters in line (bounded)."""
     collection = client[DATABASE]["scale_keys"]
-    query = {"_id": {"$in": keys}, f"waiters.{each - 1}": {"$exists": True}}
+    query = {"_id": {"$in": keys}, "$expr": {"$gte": [{"$size": queries.LIVE_WAITERS}, each]}}
     deadline = time.monotonic() + 120
     while collection.count_documents(query) < len(keys):
         if time.monotonic() > deadline:

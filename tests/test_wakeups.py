@@ -61,6 +61,11 @@ def _line(locks: Any, key: str) -> list[dict[str, Any]]:
     return list((locks.find_one({"_id": key}) or {}).get("waiters") or ())
 
 
+def _stored(doc: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The stored line, lapsed places too: (owner, until) of each, None for a marker."""
+    return [(place.get("owner"), place["until"]) for place in doc["waiters"]]
+
+
 def _owner(locks: Any, key: str) -> Any:
     return (locks.find_one({"_id": key}) or {}).get("owner", "")
 
@@ -93,10 +98,11 @@ def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
     manager: LockManager,
 ) -> None:
     """Three places in line, taken by attempts nobody follows up (no waiter can renew a
-    place meanwhile). The handing release makes the first the holder, names the second
-    ``head`` and cuts its place to the grace period (the handoff wakes it), and cuts the
-    third to the line check beyond that (its waiter looks again that often). A release
-    that frees the key names no head."""
+    place meanwhile). The handing release makes the first the holder and marks its
+    place lapsed where it stands, names the second ``head`` and cuts its place to the
+    grace period (the handoff wakes it), and cuts the third to the line check beyond
+    that (its waiter looks again that often). A release that frees the key names no
+    head."""
     key = "wakeups-places"
     store = manager.store
     holder = manager.acquire(key, ttl=30)
@@ -115,7 +121,8 @@ def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
     assert doc is not None
     handed_at = doc["acquired_at"]
     assert (doc["owner"], doc["head"]) == (places[0], places[1])
-    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+    assert _stored(doc) == [
+        (None, None),  # the new holder's place, marked lapsed where it stands
         (places[1], handed_at + timedelta(milliseconds=PLACE_GRACE_MS)),
         (places[2], handed_at + timedelta(milliseconds=LINE_CHECK_MS + PLACE_GRACE_MS)),
     ]
@@ -161,7 +168,8 @@ def test_places_behind_the_head_last_the_line_check_while_the_key_is_held(
     assert doc is not None
     handed_at, handed_end = doc["acquired_at"], doc["expires_at"]
     assert doc["owner"] == places[0]
-    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+    assert _stored(doc) == [
+        (None, None),
         (places[1], handed_at + grace),
         (places[2], line[2]["at"] + check + grace),
     ]
@@ -176,9 +184,10 @@ def test_places_behind_the_head_last_the_line_check_while_the_key_is_held(
     doc = store.collection.find_one({"_id": key})
     assert doc is not None
     assert doc["expires_at"] < handed_end
-    assert [(place["owner"], place["until"]) for place in doc["waiters"]] == [
+    assert _stored(doc) == [
+        (None, None),
         (places[1], handed_end + grace),
-        (places[2], doc["waiters"][1]["at"] + grace),
+        (places[2], doc["waiters"][2]["at"] + grace),
     ]
 
 
@@ -335,9 +344,10 @@ def test_a_waiter_with_holder_ids_of_its_own_still_hears_of_its_handoff(
 
 @pytest.mark.parametrize("handed", [True, False], ids=["handoff", "freed"])
 def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool) -> None:
-    """A release moves or cuts every place in line (a handoff shifts the line; a release
-    that frees the key cuts each place to the grace period), and the server names each
-    changed place in its update event (``waiters.17.owner``, ``waiters.17.until``...):
+    """A release may change every place in line (a handoff cuts the places behind the
+    new head to the line check; a release that frees the key cuts each to the grace
+    period), and the server names each changed place in its update event
+    (``waiters.17.until``...):
     the stream leaves them out, so that what reaches a watcher, and what a relay passes
     on, does not grow with the line. What the watcher reads of the release is all there."""
     locks = manager.store.collection
@@ -378,8 +388,14 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
         assert "owner" in fields
         assert fields["owner"] is None
         assert handoff_of(change) is None
-    # The document itself keeps its line (one place shorter after a handoff).
-    assert len(_line(locks, key)) == (149 if handed else 150)
+    # The document itself keeps its line; a handoff marks the new holder's place lapsed
+    # where it stands.
+    stored = _line(locks, key)
+    assert len(stored) == 150
+    assert [place.get("owner") for place in stored[:2]] == [
+        None if handed else "other:7:000000000000",
+        "other:7:000000000001",
+    ]
 
 
 def _through_the_stream(manager: LockManager, events: list[dict[str, Any]]) -> list[Any]:

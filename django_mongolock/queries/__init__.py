@@ -19,6 +19,7 @@ from django_mongolock.queries.acquiring import Acquire, acquire, check_limit, re
 from django_mongolock.queries.changes import FREED_EVENTS, reaches, wakeups
 from django_mongolock.queries.common import (
     CLUSTER_TOKEN,
+    COMPACT_AT,
     ENDED_KEEP,
     FIELDS,
     HANDOFF_LEASE_MS,
@@ -80,6 +81,7 @@ __all__ = [
     "AUDIT_KEY_INDEX",
     "AUDIT_TTL_INDEX",
     "CLUSTER_TOKEN",
+    "COMPACT_AT",
     "COUNTED",
     "ENDED_KEEP",
     "FIELDS",

@@ -27,8 +27,12 @@ from django_mongolock.queries.common import (
     MAX_WAITERS,
     NEW_TOKEN,
     PLACE_GRACE_MS,
+    PLACES,
     PROJECTION,
+    kept,
     mine,
+    place_live,
+    without,
 )
 
 __all__ = ["Acquire", "acquire", "check_limit", "refused"]
@@ -86,7 +90,8 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
     (``MAX_WAITERS`` live places) takes nobody new: the document is left as it is.
     ``at`` is the server time of this attempt; with ``handoff`` the place also carries
     the lease asked for, so that a release may hand the lock over to it
-    (``queries.release``).
+    (``queries.release``). The line is written as stored, lapsed places too
+    (``queries.common.kept``).
     """
     after_lease = {"$add": [{"$max": ["$expires_at", "$$NOW"]}, PLACE_GRACE_MS]}
     until: Any = after_lease
@@ -105,6 +110,7 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
         place["shared"] = True  # readers in line enter together (see _shared_turn)
     elif handoff:
         place.update(hand=True, ttl="$$ttl", ttl_ms="$$ttl_ms")
+    renewed = {"$and": [place_live(), {"$eq": ["$$w.owner", _ME]}]}
     return {
         "$cond": [
             {"$in": [_ME, "$$q.owner"]},
@@ -112,13 +118,15 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
                 "$mergeObjects": [
                     "$$ROOT",
                     {
-                        "waiters": {
-                            "$map": {
-                                "input": "$$q",
-                                "as": "w",
-                                "in": {"$cond": [{"$eq": ["$$w.owner", _ME]}, place, "$$w"]},
+                        "waiters": kept(
+                            {
+                                "$map": {
+                                    "input": PLACES,
+                                    "as": "w",
+                                    "in": {"$cond": [renewed, place, "$$w"]},
+                                }
                             }
-                        }
+                        )
                     },
                 ]
             },
@@ -129,7 +137,7 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
                     {
                         "$mergeObjects": [
                             "$$ROOT",
-                            {"waiters": {"$concatArrays": ["$$q", [place]]}},
+                            {"waiters": kept({"$concatArrays": [PLACES, [place]]})},
                         ]
                     },
                 ]
@@ -172,7 +180,7 @@ def _acquire_command(
 ) -> tuple[tuple[RawBSONDocument, ...], RawBSONDocument]:
     """The pipeline and projection of one kind of acquire, BSON-encoded once."""
     extra = {name: f"$$tag{n}" for n, name in enumerate(tag_names)}
-    waiters = {"$filter": {"input": "$$q", "as": "w", "cond": {"$ne": ["$$w.owner", _ME]}}}
+    waiters = without(_ME)
     variables: dict[str, Any] = {"q": LIVE_WAITERS}
     if shared:
         variables["h"] = LIVE_HOLDERS

@@ -15,11 +15,11 @@ _RELEASE_LOGGED_WHOLE: Final = {
 }
 # The line and the shared holders are no part of a wake-up or a handoff: a replace event
 # of a long line would carry hundreds of kilobytes to the watching process, and an update
-# event names every place that moved apart (a handoff shifts the line: ``waiters.17.owner``,
-# ``waiters.17.until``... 14 KB for 200 places), which the watcher would read, and a relay
-# pass on, for nothing. So are the later entries of ``ended``, which a release shifts too
-# (the server names them apart, or reports the list whole): only its first, the owner
-# the release ended, tells whose release it was.
+# event names every place a release changed apart (``waiters.17.until``...: a release that
+# frees the key cuts every place, kilobytes for a long line), which the watcher would
+# read, and a relay pass on, for nothing. So are the later entries of ``ended``, which a
+# release shifts too (the server names them apart, or reports the list whole): only its
+# first, the owner the release ended, tells whose release it was.
 _KEPT_FIELD: Final = r"^(?!(waiters|holders)(\.|$)|ended\.[1-9])"
 
 

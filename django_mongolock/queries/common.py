@@ -30,6 +30,19 @@ LIVE_WAITERS: Final = {
         "cond": {"$gt": ["$$w.until", "$$NOW"]},
     }
 }
+# Every place in line as stored, live or lapsed.
+PLACES: Final = {"$ifNull": ["$waiters", []]}
+# A place its waiter left the line from by taking the key (or by leaving): marked lapsed
+# where it stands instead of taken out, so that the places behind it keep their index
+# and the write changes one entry of the line, not every entry behind it (a removal
+# from the front of a 200-place line makes a 9 KB oplog entry, which every change
+# stream on the collection reads). ``kept`` takes lapsed places out in bulk. A null
+# ``until`` sorts below every date: the mark holds whatever the server's clock does.
+LAPSED_PLACE: Final = {"until": None}
+# Lapsed places stay in line until there are at least this many, and at least as many
+# as live places: taking them out then rewrites the line at most once per that many
+# writes, and the stored line stays below twice ``MAX_WAITERS`` places.
+COMPACT_AT: Final = 16
 LIVE_HOLDERS: Final = {
     "$filter": {
         "input": {"$ifNull": ["$holders", []]},
@@ -83,6 +96,44 @@ MAX_HOLDERS: Final = 1000
 ENDED_KEEP: Final = 16
 ENDED: Final = {"$ifNull": ["$ended", []]}
 NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER_TOKEN]}
+
+
+def place_live(place: str = "$$w") -> dict[str, Any]:
+    """True when the place in ``place`` has not lapsed."""
+    return {"$gt": [f"{place}.until", "$$NOW"]}
+
+
+def kept(places: Any) -> dict[str, Any]:
+    """``places`` (the stored line after this write's changes), with its lapsed places
+    taken out once they are ``COMPACT_AT`` or more, and as many as the live ones, or
+    when no live place is left (an empty line is written as ``[]``)."""
+    live = {"$filter": {"input": "$$all_places", "as": "w", "cond": place_live()}}
+    lapsed = {"$subtract": [{"$size": "$$all_places"}, {"$size": "$$live_places"}]}
+    due = {
+        "$or": [
+            {"$eq": [{"$size": "$$live_places"}, 0]},
+            {"$gte": [lapsed, {"$max": [COMPACT_AT, {"$size": "$$live_places"}]}]},
+        ]
+    }
+    return {
+        "$let": {
+            "vars": {"all_places": places},
+            "in": {
+                "$let": {
+                    "vars": {"live_places": live},
+                    "in": {"$cond": [due, "$$live_places", "$$all_places"]},
+                }
+            },
+        }
+    }
+
+
+def without(owner: Any) -> dict[str, Any]:
+    """The line with the live place of ``owner`` marked lapsed (see ``LAPSED_PLACE``)."""
+    gone = {"$and": [place_live(), {"$eq": ["$$w.owner", owner]}]}
+    return kept(
+        {"$map": {"input": PLACES, "as": "w", "in": {"$cond": [gone, LAPSED_PLACE, "$$w"]}}}
+    )
 
 
 def lease_end(ttl: float) -> dict[str, Any]:

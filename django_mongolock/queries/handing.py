@@ -13,12 +13,15 @@ from django_mongolock.queries.common import (
     ENDED,
     ENDED_KEEP,
     HANDOFF_LEASE_MS,
+    LAPSED_PLACE,
     LINE_CHECK_MS,
     LIVE,
     LIVE_WAITERS,
-    MAX_WAITERS,
     NEW_TOKEN,
     PLACE_GRACE_MS,
+    PLACES,
+    kept,
+    place_live,
 )
 
 __all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", "shortened"]
@@ -44,18 +47,35 @@ def shortened(places: Any, grace_ms: int = PLACE_GRACE_MS) -> dict[str, Any]:
     }
 
 
-def _handed_line(places: Any) -> dict[str, Any]:
-    """The line after a handoff to the first of ``places``: the new head's place cut to
-    the grace period (the handoff wakes it, and it renews it), every place behind to
-    ``LINE_CHECK_MS`` beyond that (their waiters look again at least that often). The
-    cut matters for the places that last past it: those whose waiters last saw a lease
-    ending more than the line check after this handoff."""
+def _cut(place: Any, ms: int) -> dict[str, Any]:
+    """``place`` lasting at most ``ms`` from now."""
     return {
-        "$concatArrays": [
-            shortened({"$slice": [places, 1, 1]}),
-            shortened({"$slice": [places, 2, MAX_WAITERS]}, LINE_CHECK_MS + PLACE_GRACE_MS),
-        ]
+        "$mergeObjects": [place, {"until": {"$min": [f"{place}.until", {"$add": ["$$NOW", ms]}]}}]
     }
+
+
+def _handed_line() -> dict[str, Any]:
+    """The line after a handoff to the first live place ``$$n`` (its head now the owner
+    of the second, ``$$q.owner[1]``): the new holder's place marked lapsed where it
+    stands (``LAPSED_PLACE``), the new head's place cut to the grace period (the
+    handoff wakes it, and it renews it), every live place behind to ``LINE_CHECK_MS``
+    beyond that (their waiters look again at least that often). The cut changes only
+    the places that last past it (renewed since the previous handoff while a lease
+    longer than the line check was held); no place moves, so the write does not grow
+    with the line.
+    """
+    head = {"$arrayElemAt": ["$$q.owner", 1]}
+    place = {
+        "$switch": {
+            "branches": [
+                {"case": {"$not": [place_live()]}, "then": "$$w"},
+                {"case": {"$eq": ["$$w.owner", "$$n.owner"]}, "then": LAPSED_PLACE},
+                {"case": {"$eq": ["$$w.owner", head]}, "then": _cut("$$w", PLACE_GRACE_MS)},
+            ],
+            "default": _cut("$$w", LINE_CHECK_MS + PLACE_GRACE_MS),
+        }
+    }
+    return kept({"$map": {"input": PLACES, "as": "w", "in": place}})
 
 
 # ``released_at`` always changes (even two releases in one millisecond), so that the
@@ -98,7 +118,7 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
     When the first live place in line is a plain exclusive waiter's (it carries
     ``hand``), the same write makes that waiter the holder: a new token, its lease
     (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
-    taken out of the line, and the owner of the place now first in line as ``head``.
+    marked lapsed, and the owner of the place now first in line as ``head``.
     Only the processes of those two learn of it from their change streams
     (``queries.wakeups``): the new holder takes the lock without a write of its own, the
     new head looks again, so that it takes the key soon after that first lease if the
@@ -121,7 +141,7 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
                 "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
                 "ttl": "$$n.ttl",
                 "released_at": RELEASED_AT,
-                "waiters": _handed_line("$$q"),
+                "waiters": _handed_line(),
                 "head": {"$ifNull": [{"$arrayElemAt": ["$$q.owner", 1]}, None]},
                 "ended": ended_with("$owner"),
                 "group": None,

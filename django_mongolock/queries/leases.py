@@ -20,6 +20,7 @@ from django_mongolock.queries.common import (
     holder_is,
     lease_end,
     mine,
+    without,
 )
 from django_mongolock.queries.handing import (
     FREED,
@@ -301,7 +302,7 @@ def leave(key: str, owner: str) -> Release:
     One write, so that a release handing the key to ``owner`` cannot come between
     looking and leaving (a timeout or a cancellation at that moment must not leave the
     key held by nobody): a live lease of ``owner`` is released (and handed on) as its
-    holder would; otherwise the place is taken out of the line.
+    holder would; otherwise its place in line is marked lapsed (``without``).
     """
     me = {"$literal": owner}
     mine = {"$eq": ["$owner", me]}
@@ -310,13 +311,7 @@ def leave(key: str, owner: str) -> Release:
         "$mergeObjects": [
             "$$ROOT",
             {
-                "waiters": {
-                    "$filter": {
-                        "input": {"$ifNull": ["$waiters", []]},
-                        "as": "w",
-                        "cond": {"$ne": ["$$w.owner", me]},
-                    }
-                },
+                "waiters": without(me),
                 # A handed lease that lapsed is over for good: a late duplicate of one
                 # of this waiter's attempts must not take the key again.
                 "ended": {"$cond": [mine, ended_with(me), ENDED]},
