@@ -22,16 +22,22 @@ CLUSTER_TOKEN: Final = {
     ]
 }
 LIVE: Final = {"$gt": ["$expires_at", "$$NOW"]}
-# Waiters in line whose place has not lapsed.
-LIVE_WAITERS: Final = {
-    "$filter": {
-        "input": {"$ifNull": ["$waiters", []]},
-        "as": "w",
-        "cond": {"$gt": ["$$w.until", "$$NOW"]},
-    }
-}
+
+
+def place_live(place: str = "$$w") -> dict[str, Any]:
+    """True when the place in ``place`` has not lapsed."""
+    return {"$gt": [f"{place}.until", "$$NOW"]}
+
+
+def live_places(places: Any) -> dict[str, Any]:
+    """The places of ``places`` (a line) that have not lapsed, in line order."""
+    return {"$filter": {"input": places, "as": "w", "cond": place_live()}}
+
+
 # Every place in line as stored, live or lapsed.
 PLACES: Final = {"$ifNull": ["$waiters", []]}
+# Waiters in line whose place has not lapsed.
+LIVE_WAITERS: Final = live_places(PLACES)
 # A place its waiter left the line from by taking the key (or by leaving): marked lapsed
 # where it stands instead of taken out, so that the places behind it keep their index
 # and the write changes one entry of the line, not every entry behind it (a removal
@@ -98,16 +104,11 @@ ENDED: Final = {"$ifNull": ["$ended", []]}
 NEW_TOKEN: Final = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, CLUSTER_TOKEN]}
 
 
-def place_live(place: str = "$$w") -> dict[str, Any]:
-    """True when the place in ``place`` has not lapsed."""
-    return {"$gt": [f"{place}.until", "$$NOW"]}
-
-
 def kept(places: Any) -> dict[str, Any]:
     """``places`` (the stored line after this write's changes), with its lapsed places
     taken out once they are ``COMPACT_AT`` or more, and as many as the live ones, or
     when no live place is left (an empty line is written as ``[]``)."""
-    live = {"$filter": {"input": "$$all_places", "as": "w", "cond": place_live()}}
+    live = live_places("$$all_places")
     lapsed = {"$subtract": [{"$size": "$$all_places"}, {"$size": "$$live_places"}]}
     due = {
         "$or": [

@@ -33,18 +33,7 @@ __all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", 
 # then lapses within the grace period instead of at the lease end it was waiting for. A
 # release that hands the key on wakes only its new holder and head (``_handed_line``).
 def shortened(places: Any, grace_ms: int = PLACE_GRACE_MS) -> dict[str, Any]:
-    return {
-        "$map": {
-            "input": places,
-            "as": "w",
-            "in": {
-                "$mergeObjects": [
-                    "$$w",
-                    {"until": {"$min": ["$$w.until", {"$add": ["$$NOW", grace_ms]}]}},
-                ]
-            },
-        }
-    }
+    return {"$map": {"input": places, "as": "w", "in": _cut("$$w", grace_ms)}}
 
 
 def _cut(place: Any, ms: int) -> dict[str, Any]:
