@@ -223,7 +223,8 @@ def processes_point(
     before = _open_cursors(client)
     pool = Pool(parties)
     try:
-        # A short round first: every process connected, its watcher running.
+        # Every process connected as it comes up, then a short round: every watcher running.
+        pool.run(Job("connect", spec, parties=parties))
         pool.run(Job("handoff", spec, parties=parties, duration=0.5, hold=hold))
         idle = server_counters(client)
         with _peak_cursors(client) as samples:
@@ -336,7 +337,9 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "that another client holds; the keys are released one by one "
         f"({SPACING * 1000:g} ms apart) and each wake-up runs from the release call to the "
         "waiter's return from `acquire`. *Processes*: P processes block on one key, "
-        f"holding it {data['hold'] * 1000:g} ms, for {data['seconds']:g} s; a wake-up is "
+        f"holding it {data['hold'] * 1000:g} ms, for {data['seconds']:g} s, after each "
+        "took a key of its own as it came up (its connections open) and a 0.5 s round "
+        "(its change stream open); a wake-up is "
         "the gap from a holder's release call to the next holder's return (both on "
         "CLOCK_MONOTONIC, shared by the processes of one host). *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "

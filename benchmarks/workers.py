@@ -240,6 +240,18 @@ def _handoff(
     return {"worker": index, "pid": os.getpid(), "records": records}
 
 
+def _connect(
+    contender: Contender, job: Job, barrier: Barrier | None, shared: Shared, index: int
+) -> dict[str, Any]:
+    """Take and release a key of this worker's own, as soon as it is ready: no barrier.
+
+    Workers come up one by one, so their connections open spread out in time, as a
+    deployment's processes start, rather than all in one instant after a barrier.
+    """
+    contender.release(_must(contender.try_acquire(f"connect-{index}")))
+    return {"worker": index}
+
+
 def _many_keys(
     contender: Contender, job: Job, barrier: Barrier | None, shared: Shared, index: int
 ) -> dict[str, Any]:
@@ -272,6 +284,7 @@ _WORKLOADS: Final[
     dict[str, Callable[[Contender, Job, Barrier | None, Shared, int], dict[str, Any]]]
 ] = {
     "uncontended": _uncontended,
+    "connect": _connect,
     "handoff": _handoff,
     "many_keys": _many_keys,
 }

@@ -18,6 +18,8 @@ from typing import Any, Final
 
 from pymongo import UpdateOne
 
+from django_mongolock.queries.common import LIVE_WAITERS
+
 __all__ = [
     "BUCKET_SECONDS",
     "BUSY_FIELDS",
@@ -193,19 +195,7 @@ def waiting_now(limit: int) -> list[dict[str, Any]]:
     """The lock documents with the longest lines of live waiters now, longest first."""
     return [
         {"$match": {"waiters.0": {"$exists": True}}},
-        {
-            "$project": {
-                "waiting": {
-                    "$size": {
-                        "$filter": {
-                            "input": "$waiters",
-                            "as": "w",
-                            "cond": {"$gt": ["$$w.until", "$$NOW"]},
-                        }
-                    }
-                }
-            }
-        },
+        {"$project": {"waiting": {"$size": LIVE_WAITERS}}},
         {"$match": {"waiting": {"$gt": 0}}},
         {"$sort": {"waiting": -1, "_id": 1}},
         {"$limit": limit},
@@ -214,17 +204,7 @@ def waiting_now(limit: int) -> list[dict[str, Any]]:
 
 def line(key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``find_one`` arguments for the live waiters of ``key`` in line order, at server time."""
-    projection = {
-        "now": "$$NOW",
-        "waiters": {
-            "$filter": {
-                "input": {"$ifNull": ["$waiters", []]},
-                "as": "w",
-                "cond": {"$gt": ["$$w.until", "$$NOW"]},
-            }
-        },
-    }
-    return {"_id": key}, projection
+    return {"_id": key}, {"now": "$$NOW", "waiters": LIVE_WAITERS}
 
 
 def since(now: datetime, minutes: int) -> datetime:
