@@ -14,9 +14,11 @@ increment is missing at the end of the round).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
+import queue
 import random
 import time
 import traceback
@@ -34,6 +36,8 @@ __all__ = ["HANDOFF_KEY", "Job", "Pool", "Round", "Shared"]
 
 HANDOFF_KEY: Final = "handoff"
 BARRIER_TIMEOUT: Final = 120.0
+# How long a worker keeps trying its first, unmeasured, lock before its round fails.
+CONNECT_WITHIN: Final = 120.0
 
 
 class Shared:
@@ -139,13 +143,20 @@ class Pool:
         )
 
     def close(self) -> None:
+        """Stop every worker. Results still on their way are read and dropped meanwhile:
+        a worker exits only once what it put on the queue is in the pipe, and after a
+        failed round nobody else reads it (a worker stopped while it writes would keep
+        the queue's lock, and every other worker, forever)."""
         for inbox in self.inboxes:
             inbox.put(None)
+        deadline = time.monotonic() + 60
+        while any(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                self.results.get(timeout=0.1)
         for process in self.processes:
-            process.join(30)
             if process.is_alive():
                 process.terminate()
-                process.join(5)
+            process.join(5)
 
 
 def _serve(
@@ -246,10 +257,19 @@ def _connect(
     """Take and release a key of this worker's own, as soon as it is ready: no barrier.
 
     Workers come up one by one, so their connections open spread out in time, as a
-    deployment's processes start, rather than all in one instant after a barrier.
+    deployment's processes start, rather than all in one instant after a barrier. While
+    hundreds of workers still start on a small machine, the server may not answer one in
+    time: that try is not measured, so it is made again, for up to ``CONNECT_WITHIN``.
     """
-    contender.release(_must(contender.try_acquire(f"connect-{index}")))
-    return {"worker": index}
+    deadline = time.monotonic() + CONNECT_WITHIN
+    while True:
+        try:
+            contender.release(_must(contender.try_acquire(f"connect-{index}")))
+            return {"worker": index}
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def _many_keys(
