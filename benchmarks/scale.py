@@ -215,6 +215,14 @@ def _wait_queued(client: MongoClient[dict[str, Any]], keys: list[str], each: int
 # -- processes: P processes on one key --------------------------------------------------------
 
 
+def waves(parties: int, first: int = 4) -> list[int]:
+    """The warm-up rounds' sizes: doubling from ``first`` up to ``parties``."""
+    sizes = [parties]
+    while sizes[0] > first:
+        sizes.insert(0, max(first, sizes[0] // 2))
+    return sizes
+
+
 def processes_point(
     url: str, spec: Spec, parties: int, seconds: float, hold: float
 ) -> dict[str, Any]:
@@ -223,9 +231,13 @@ def processes_point(
     before = _open_cursors(client)
     pool = Pool(parties)
     try:
-        # Every process connected as it comes up, then a short round: every watcher running.
+        # Every process connected as it comes up, then short rounds of more and more of
+        # them, each opening its change stream while those before it already stream: a
+        # server on a small machine, asked for hundreds of new streams in one instant, may
+        # not answer some within the operations' time limit. Idle streams stay open.
         pool.run(Job("connect", spec, parties=parties))
-        pool.run(Job("handoff", spec, parties=parties, duration=0.5, hold=hold))
+        for wave in waves(parties):
+            pool.run(Job("handoff", spec, parties=wave, duration=0.5, hold=hold))
         idle = server_counters(client)
         with _peak_cursors(client) as samples:
             done = pool.run(Job("handoff", spec, parties=parties, duration=seconds, hold=hold))
@@ -338,8 +350,8 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         f"({SPACING * 1000:g} ms apart) and each wake-up runs from the release call to the "
         "waiter's return from `acquire`. *Processes*: P processes block on one key, "
         f"holding it {data['hold'] * 1000:g} ms, for {data['seconds']:g} s, after each "
-        "took a key of its own as it came up (its connections open) and a 0.5 s round "
-        "(its change stream open); a wake-up is "
+        "took a key of its own as it came up (its connections open) and 0.5 s rounds "
+        "of more and more of them (their change streams open); a wake-up is "
         "the gap from a holder's release call to the next holder's return (both on "
         "CLOCK_MONOTONIC, shared by the processes of one host). *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
