@@ -216,7 +216,7 @@ def _wait_queued(client: MongoClient[dict[str, Any]], keys: list[str], each: int
 
 
 def waves(parties: int, first: int = 4) -> list[int]:
-    """The warm-up rounds' sizes: doubling from ``first`` up to ``parties``."""
+    """The warm-up rounds' sizes: ``parties`` halved until ``first``, smallest first."""
     sizes = [parties]
     while sizes[0] > first:
         sizes.insert(0, max(first, sizes[0] // 2))
