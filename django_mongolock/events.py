@@ -20,6 +20,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 
@@ -80,6 +81,8 @@ class AcquireFinished:
     """One call to acquire ended: ``waited`` seconds after it began (round trips included).
 
     ``lock`` is the handle when ``outcome`` is "acquired" (``token`` is its token), else None.
+    ``contended``: its first attempt found the key taken and it waited for it (a slow
+    round trip on a loaded machine is not a wait; a timeout always is).
     """
 
     source: object
@@ -91,6 +94,7 @@ class AcquireFinished:
     token: int | None
     lock: Held | None
     error: BaseException | None = None
+    contended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +217,10 @@ def _emit(event: Event) -> None:
 _P = ParamSpec("_P")
 _H = TypeVar("_H", bound=Held)
 
+# Set by the wait loops, read when the acquisition around them ends (same thread or task):
+# whether it found the key taken. Its elapsed time cannot tell on a loaded machine.
+_contended: ContextVar[bool] = ContextVar("django_mongolock_contended", default=False)
+
 
 def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
     """Wrap the sync acquire ``(source, request, wait, ...)``: one ``AcquireFinished``."""
@@ -221,13 +229,16 @@ def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return acquire(*args, **kwargs)
-        started = _began()
+        started, mark = _began(), _contended.set(False)
         try:
             lock = acquire(*args, **kwargs)
         except BaseException as exc:
             _failed(args, started, exc)
             raise
-        _acquired(args, started, lock)
+        else:
+            _acquired(args, started, lock)
+        finally:
+            _contended.reset(mark)
         return lock
 
     return wrapper
@@ -240,13 +251,16 @@ def aobserved(acquire: Callable[_P, Awaitable[_H]]) -> Callable[_P, Awaitable[_H
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return await acquire(*args, **kwargs)
-        started = _began()
+        started, mark = _began(), _contended.set(False)
         try:
             lock = await acquire(*args, **kwargs)
         except BaseException as exc:
             _failed(args, started, exc)
             raise
-        _acquired(args, started, lock)
+        else:
+            _acquired(args, started, lock)
+        finally:
+            _contended.reset(mark)
         return lock
 
     return wrapper
@@ -272,9 +286,18 @@ def _acquired(args: tuple[Any, ...], started: float, lock: Held) -> None:
     with _mutex:  # one lock for both: this runs on every acquisition while observed
         _waiting -= 1
         _since[lock] = now
+    source, waited = args[0], now - started
     _emit(
         AcquireFinished(
-            args[0], lock.key, lock.owner, lock.shared, "acquired", now - started, lock.token, lock
+            source,
+            lock.key,
+            lock.owner,
+            lock.shared,
+            "acquired",
+            waited,
+            lock.token,
+            lock,
+            contended=_contended.get(),
         )
     )
 
@@ -287,7 +310,8 @@ def _failed(args: tuple[Any, ...], started: float, exc: BaseException) -> None:
     if isinstance(exc, LockNotAcquired):
         outcome = "busy" if exc.waited is None else "timeout"
     key, owner, shared = request.key, request.owner, request.shared
-    _emit(AcquireFinished(source, key, owner, shared, outcome, waited, None, None, exc))
+    contended = _contended.get()
+    _emit(AcquireFinished(source, key, owner, shared, outcome, waited, None, None, exc, contended))
 
 
 def waited(wait: Callable[_P, tuple[float, Any]]) -> Callable[_P, tuple[float, Any]]:
@@ -296,6 +320,8 @@ def waited(wait: Callable[_P, tuple[float, Any]]) -> Callable[_P, tuple[float, A
 
     @functools.wraps(wait)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> tuple[float, Any]:
+        if _observers:
+            _contended.set(True)
         started = clock.now()
         result = wait(*args, **kwargs)
         _log_wait(args[2], result[1], started)
@@ -311,6 +337,8 @@ def awaited(
 
     @functools.wraps(wait)
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> tuple[float, Any]:
+        if _observers:
+            _contended.set(True)
         started = clock.now()
         result = await wait(*args, **kwargs)
         _log_wait(args[2], result[1], started)

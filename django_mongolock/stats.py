@@ -35,7 +35,6 @@ from django_mongolock.store.stats import StatsStore
 
 __all__ = [
     "MAX_BUFFERED",
-    "WAITED_AFTER",
     "Recorder",
     "flush_all",
     "get_recorder",
@@ -49,9 +48,6 @@ logger = logging.getLogger("django_mongolock.stats")
 
 # Keys counted in memory between two flushes; more are summed up under "other keys".
 MAX_BUFFERED: Final = 1000
-# An acquisition that took longer than this counts as one that waited (the round trips of
-# an uncontended one take a few milliseconds).
-WAITED_AFTER: Final = 0.05
 # The longest the flush at interpreter exit may take, per manager.
 EXIT_FLUSH_TIMEOUT: Final = 0.5
 # The longest a flush may take: the refresher's next write must not wait on it.
@@ -133,7 +129,8 @@ class Recorder:
         token: int | None = None,
         at: float | None = None,
     ) -> None:
-        """One acquire attempt that ended: ``wait`` seconds spent waiting for the key."""
+        """One acquire attempt that ended: ``wait`` seconds spent waiting for the key (0 for
+        one that found it free: however long its round trips took, it did not wait)."""
         at = time.time() if at is None else at
         wait_ms = max(0, round(wait * 1000))
         with self._mutex:
@@ -141,7 +138,7 @@ class Recorder:
             counts = bucket.counts
             if outcome == "acquired":
                 counts["acquired"] = counts.get("acquired", 0) + 1
-                if wait >= WAITED_AFTER:
+                if wait > 0:
                     counts["waited"] = counts.get("waited", 0) + 1
                     counts["wait_ms"] = counts.get("wait_ms", 0) + wait_ms
             elif outcome == "busy":
@@ -348,7 +345,7 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
                 event.source,
                 event.key,
                 event.outcome,
-                wait=event.waited,
+                wait=event.waited if event.contended or event.outcome == "timeout" else 0.0,
                 owner=event.owner,
                 token=event.token,
             )

@@ -111,6 +111,35 @@ def fail_points() -> Iterator[MongoReplicaSet]:
         stop_and_check(replica_set)
 
 
+@pytest.fixture
+def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
+    """``hang(app, ms=5000)``: the server holds every write of clients named ``app``
+    (with ``commands``, those commands only)."""
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+
+    def arm(
+        app: str,
+        ms: int = 5000,
+        times: int | None = None,
+        commands: tuple[str, ...] = ("update", "findAndModify"),
+    ) -> None:
+        admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode="alwaysOn" if times is None else {"times": times},
+            data={
+                "failCommands": list(commands),
+                "blockConnection": True,
+                "blockTimeMS": ms,
+                "appName": app,
+            },
+        )
+
+    yield arm
+    admin.admin.command("configureFailPoint", "failCommand", mode="off")
+    admin.close()
+
+
 @pytest.fixture(scope="session")
 def standalone() -> Iterator[str]:
     """A standalone mongod (no replica set), which the package must refuse."""

@@ -32,35 +32,6 @@ from tests.validators import refusing
 from tests.waiting import in_line
 
 
-@pytest.fixture
-def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
-    """``hang(app, ms=5000)``: the server holds every write of clients named ``app``
-    (with ``commands``, those commands only)."""
-    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
-
-    def arm(
-        app: str,
-        ms: int = 5000,
-        times: int | None = None,
-        commands: tuple[str, ...] = ("update", "findAndModify"),
-    ) -> None:
-        admin.admin.command(
-            "configureFailPoint",
-            "failCommand",
-            mode="alwaysOn" if times is None else {"times": times},
-            data={
-                "failCommands": list(commands),
-                "blockConnection": True,
-                "blockTimeMS": ms,
-                "appName": app,
-            },
-        )
-
-    yield arm
-    admin.admin.command("configureFailPoint", "failCommand", mode="off")
-    admin.close()
-
-
 def _manager(fail_points: MongoReplicaSet, database: str, app: str) -> LockManager:
     client: MongoClient[Any] = MongoClient(
         fail_points.url, appname=app, w="majority", tz_aware=True, timeoutMS=10_000

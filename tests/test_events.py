@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from django_mongolock import (
     Lock,
@@ -20,9 +21,11 @@ from django_mongolock import (
     clock,
     events,
     reasons,
+    stats,
 )
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
+from django_mongolock.testing import MongoReplicaSet
 from tests.validators import refusing
 
 
@@ -98,6 +101,55 @@ def test_busy_and_timeout_outcomes(
     assert finished[1].lock is None
     assert isinstance(finished[2].error, LockNotAcquired)
     holder.release()
+
+
+def test_only_an_acquisition_that_found_the_key_taken_is_contended(
+    fail_points: MongoReplicaSet,
+    hang: Any,
+    manager: LockManager,
+    other: LockManager,
+    seen: list[events.Event],
+) -> None:
+    """A round trip the server holds up 300 ms is no wait, and the statistics do not
+    count it as one (on a loaded machine a majority write alone can take that long); an
+    acquisition that found the key taken waited, however soon it was handed the key."""
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url, appname="ev-slow", w="majority", tz_aware=True, timeoutMS=10_000
+    )
+    slow = LockManager(client=client, database="ev_slow")
+    if (into_minute := time.time() % 60) > 50:  # counted per minute: all in one
+        time.sleep(60.5 - into_minute)
+    try:
+        hang("ev-slow", ms=300, times=1)
+        slow.acquire("ev-slow", ttl=10).release()
+        holder = other.acquire("ev-contended", ttl=30)
+        releaser = threading.Timer(0.2, holder.release)
+        releaser.start()
+        manager.acquire("ev-contended", timeout=10).release()
+        releaser.join()
+        with pytest.raises(LockNotAcquired), other.acquire("ev-contended", ttl=30):
+            manager.acquire("ev-contended", timeout=0.1)
+    finally:
+        client.drop_database("ev_slow")
+        slow.close()
+        client.close()
+    finished = [e for e in seen if isinstance(e, events.AcquireFinished)]
+    [uncontended] = [e for e in finished if e.key == "ev-slow"]
+    assert uncontended.waited >= 0.3
+    assert not uncontended.contended
+    mine = [e for e in finished if e.key == "ev-contended" and e.source is manager]
+    assert [(e.outcome, e.contended) for e in mine] == [("acquired", True), ("timeout", True)]
+    recorder = stats.Recorder()
+    for event in finished:
+        stats.observe(event, recorder)
+    [[(_, slow_counts)], [(_, counts)]] = [
+        list(recorder.take(source).items()) for source in (slow, manager)
+    ]
+    assert slow_counts.counts == {"acquired": 1}
+    assert slow_counts.wait_max_ms == 0
+    assert counts.counts["acquired"] == counts.counts["waited"] == 1
+    assert counts.counts["timeouts"] == 1
+    assert counts.wait_max_ms >= 150
 
 
 def test_async_acquire_is_told(manager: LockManager, seen: list[events.Event]) -> None:
