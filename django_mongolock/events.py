@@ -229,7 +229,8 @@ def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return acquire(*args, **kwargs)
-        started, mark = _began(), _contended.set(False)
+        started, outer = _began(), _contended.get()
+        _contended.set(False)
         try:
             lock = acquire(*args, **kwargs)
         except BaseException as exc:
@@ -238,7 +239,9 @@ def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
         else:
             _acquired(args, started, lock)
         finally:
-            _contended.reset(mark)
+            # Not ``reset``: a coroutine closed by its garbage collection runs this in
+            # whatever context is current then.
+            _contended.set(outer)
         return lock
 
     return wrapper
@@ -251,7 +254,8 @@ def aobserved(acquire: Callable[_P, Awaitable[_H]]) -> Callable[_P, Awaitable[_H
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return await acquire(*args, **kwargs)
-        started, mark = _began(), _contended.set(False)
+        started, outer = _began(), _contended.get()
+        _contended.set(False)
         try:
             lock = await acquire(*args, **kwargs)
         except BaseException as exc:
@@ -260,7 +264,9 @@ def aobserved(acquire: Callable[_P, Awaitable[_H]]) -> Callable[_P, Awaitable[_H
         else:
             _acquired(args, started, lock)
         finally:
-            _contended.reset(mark)
+            # Not ``reset``: a coroutine closed by its garbage collection runs this in
+            # whatever context is current then.
+            _contended.set(outer)
         return lock
 
     return wrapper

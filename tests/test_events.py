@@ -117,16 +117,22 @@ def test_only_an_acquisition_that_found_the_key_taken_is_contended(
         fail_points.url, appname="ev-slow", w="majority", tz_aware=True, timeoutMS=10_000
     )
     slow = LockManager(client=client, database="ev_slow")
-    if (into_minute := time.time() % 60) > 50:  # counted per minute: all in one
-        time.sleep(60.5 - into_minute)
     try:
         hang("ev-slow", ms=300, times=1)
         slow.acquire("ev-slow", ttl=10).release()
         holder = other.acquire("ev-contended", ttl=30)
-        releaser = threading.Timer(0.2, holder.release)
-        releaser.start()
-        manager.acquire("ev-contended", timeout=10).release()
-        releaser.join()
+        waiter = threading.Thread(
+            target=lambda: manager.acquire("ev-contended", timeout=20).release()
+        )
+        waiter.start()
+        for _ in range(1000):  # 20 s at most
+            if (info := other.status("ev-contended")) is not None and info.waiting == 1:
+                break
+            time.sleep(0.02)
+        time.sleep(0.2)
+        holder.release()
+        waiter.join(timeout=20)
+        assert not waiter.is_alive()
         with pytest.raises(LockNotAcquired), other.acquire("ev-contended", ttl=30):
             manager.acquire("ev-contended", timeout=0.1)
     finally:
