@@ -27,6 +27,7 @@ from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import MongoReplicaSet
 from tests.validators import refusing
+from tests.waiting import in_line
 
 
 @pytest.fixture
@@ -125,10 +126,7 @@ def test_only_an_acquisition_that_found_the_key_taken_is_contended(
             target=lambda: manager.acquire("ev-contended", timeout=20).release()
         )
         waiter.start()
-        for _ in range(1000):  # 20 s at most
-            if (info := other.status("ev-contended")) is not None and info.waiting == 1:
-                break
-            time.sleep(0.02)
+        in_line(other, "ev-contended", 1)
         time.sleep(0.2)
         holder.release()
         waiter.join(timeout=20)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
-from django_mongolock import LockLost, LockManager, clock, events
+from django_mongolock import Lock, LockLost, LockManager, clock, events
+from tests.waiting import in_line
 
 
 def _fields(record: logging.LogRecord, *names: str) -> dict[str, object]:
@@ -44,9 +46,15 @@ def test_acquired_after_waiting(
     manager: LockManager, other: LockManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     holder = manager.acquire("log-wait", ttl=10)
-    threading.Timer(0.2, holder.release).start()
+    got: list[Lock] = []
     with caplog.at_level(logging.INFO, "django_mongolock.manager"):
-        waiter = other.acquire("log-wait", timeout=10)
+        thread = threading.Thread(target=lambda: got.append(other.acquire("log-wait", timeout=20)))
+        thread.start()
+        in_line(manager, "log-wait", 1)  # released before its first attempt, it would not wait
+        time.sleep(0.2)
+        holder.release()
+        thread.join(timeout=20)
+    [waiter] = got
     waiter.release()
     (record,) = [r for r in caplog.records if "after waiting" in r.getMessage()]
     assert record.levelno == logging.INFO

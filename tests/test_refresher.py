@@ -39,23 +39,25 @@ def refresher() -> Refresher:
     return get_refresher()
 
 
-def test_a_lock_held_for_five_times_its_ttl_stays_held(
+def test_a_lock_held_for_three_times_its_ttl_stays_held(
     manager: LockManager, other: LockManager, refresher: Refresher
 ) -> None:
-    lock = manager.acquire("kept", ttl=1.0)
+    # A 2 s lease: a 1 s one leaves a refresh 0.4 s, which a loaded machine's majority
+    # write and thread wake-up can take.
+    lock = manager.acquire("kept", ttl=2.0)
     assert lock.refreshable
     ticks = refresher.ticks
-    deadline = clock.now() + 5.0
+    deadline = clock.now() + 6.0
     while clock.now() < deadline:
         assert lock.valid
         time.sleep(0.1)
     status = manager.status("kept")
     assert status is not None
     assert (status.owner, status.token, status.live) == (lock.owner, lock.token, True)
-    assert refresher.ticks - ticks >= 10  # about three ticks per lease
+    assert refresher.ticks - ticks >= 6  # about three ticks per lease
     assert lock.valid
-    # ttl less the margin (0.25 s) less up to one tick (0.33 s), and room for a late one.
-    assert lock.remaining > 0.2
+    # ttl less the margin (0.25 s) less up to one tick (0.67 s), and room for a late one.
+    assert lock.remaining > 0.5
     # The handle's view of the lease follows the refreshes.
     assert lock.expires_at > status.now
     with pytest.raises(Exception, match="held by"):
@@ -121,7 +123,7 @@ def test_a_force_release_is_noticed_within_one_tick(
 def test_one_thread_per_manager_serves_a_thousand_locks(
     manager: LockManager, refresher: Refresher
 ) -> None:
-    first = manager.acquire("many-0", ttl=1.5)
+    first = manager.acquire("many-0", ttl=4.0)
     lane = refresher.lane_of(manager)
     assert lane is not None
     assert lane.running
@@ -131,11 +133,13 @@ def test_one_thread_per_manager_serves_a_thousand_locks(
         return sum(t.name != "mongolock-notices" for t in threading.enumerate())
 
     threads_before = threads()
-    locks = [first] + [manager.acquire(f"many-{i}", ttl=1.5) for i in range(1, 1000)]
+    locks = [first] + [manager.acquire(f"many-{i}", ttl=4.0) for i in range(1, 1000)]
     assert threads() <= threads_before
     own = f"mongolock-refresher-{id(manager):x}"
     assert [t.name for t in threading.enumerate()].count(own) == 1
-    time.sleep(2.5)  # longer than the lease: only refreshing keeps them
+    # Longer than the lease: only refreshing keeps them (a 4 s lease leaves a bulk
+    # refresh of 1,000 documents room on a loaded machine).
+    time.sleep(5.0)
     assert all(lock.valid for lock in locks)
     assert manager.count("live", prefix="many-") == 1000
     # Threads of earlier tests may have ended meanwhile; none was added.
