@@ -131,9 +131,9 @@ def test_a_hung_server_connection_does_not_lapse_another_managers_locks(
     hung = _manager(fail_points, database, "hung-one")
     try:
         doomed = hung.acquire("doomed", ttl=1.0)
-        kept = manager.acquire("kept-elsewhere", ttl=1.0)
+        kept = manager.acquire("kept-elsewhere", ttl=2.0)
         hang("hung-one")
-        until = clock.now() + 3.5  # more than three leases
+        until = clock.now() + 6.5  # more than three leases of the kept lock
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
@@ -445,12 +445,13 @@ def test_a_blocking_lock_acquired_receiver_does_not_stall_the_refresher(
         if lock.key == "slow-election":
             release_blocker.wait(30)
 
-    kept = manager.acquire("slow-kept", ttl=1.0)
+    # Leases with room for a late tick on a loaded machine: only a refresher held up by
+    # the receiver ends them.
+    kept = manager.acquire("slow-kept", ttl=2.0)
     lock_acquired.connect(blocks_for_the_election, weak=False)
-    # Its lease has room for a late tick: only a refresher held up by the receiver ends it.
-    election = manager.elect("slow-election", ttl=1.5)
+    election = manager.elect("slow-election", ttl=3.0)
     try:
-        until = clock.now() + 3.5  # more than three leases of the kept lock
+        until = clock.now() + 7.0  # more than three leases of the kept lock
         while clock.now() < until:
             assert kept.valid
             time.sleep(0.05)
