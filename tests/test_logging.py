@@ -46,17 +46,29 @@ def test_acquired_after_waiting(
     manager: LockManager, other: LockManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     holder = manager.acquire("log-wait", ttl=10)
-    got: list[Lock] = []
+    got: list[Lock | BaseException] = []
+
+    def wait() -> None:
+        try:
+            got.append(other.acquire("log-wait", timeout=20))
+        except BaseException as exc:
+            got.append(exc)
+
     with caplog.at_level(logging.INFO, "django_mongolock.manager"):
-        thread = threading.Thread(target=lambda: got.append(other.acquire("log-wait", timeout=20)))
+        thread = threading.Thread(target=wait)
         thread.start()
         in_line(manager, "log-wait", 1)  # released before its first attempt, it would not wait
         time.sleep(0.2)
         holder.release()
         thread.join(timeout=20)
     [waiter] = got
+    assert isinstance(waiter, Lock), waiter
     waiter.release()
-    (record,) = [r for r in caplog.records if "after waiting" in r.getMessage()]
+    (record,) = [
+        r
+        for r in caplog.records
+        if "after waiting" in r.getMessage() and r.__dict__.get("key") == "log-wait"
+    ]
     assert record.levelno == logging.INFO
     assert _fields(record, "key", "owner", "token", "shared") == {
         "key": "log-wait",

@@ -199,7 +199,7 @@ def test_a_forked_child_does_not_touch_the_parents_locks(
 def test_a_killed_holder_frees_its_lock_within_ttl_and_one_tick(
     manager: LockManager, mongolock_url: str
 ) -> None:
-    ttl = 3.0  # a fresh process's refreshes must keep it on a loaded machine
+    ttl = 2.5  # a fresh process's refreshes must keep it on a loaded machine
     process = _holder(mongolock_url, manager.database, "crash", ttl, "sleep")
     try:
         time.sleep(ttl)  # refreshed meanwhile: still held
@@ -214,9 +214,9 @@ def test_a_killed_holder_frees_its_lock_within_ttl_and_one_tick(
         process.kill()
         process.wait(timeout=30)
     assert taken.token > status.token
-    # The lease ends within ttl of the kill, the waiter wakes then (one write, and
-    # whatever a loaded machine adds).
-    assert waited <= ttl + ttl / 3 + 1.0
+    # The lease ends within ttl of the kill and the waiter wakes then (one write, and
+    # whatever a loaded machine adds), well before its line check (5 s) would wake it.
+    assert waited <= ttl + 1.5
     taken.release()
 
 
