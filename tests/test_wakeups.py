@@ -330,11 +330,18 @@ def test_a_waiter_with_holder_ids_of_its_own_still_hears_of_its_handoff(
         _until(lambda: len(_line(locks, key)) == 1)
         # The stream was opened again with every handoff let through.
         _until(lambda: own.watcher.opened == 2)
+        streamed = own.watcher.events
         assert holder.release()
         thread.join(BOUND)
         [lock] = box
         assert lock.owner.startswith("own-")
-        assert [(e.from_owner, e.to_owner) for e in told] == [(holder.owner, lock.owner)]
+        # The reopened stream lets the handoff through (the only change it lets through
+        # here). The waiter may still find the lock handed to it by an attempt of its own
+        # before the event comes, on a loaded machine: then it cannot name the releaser.
+        _until(lambda: own.watcher.events > streamed)
+        [(from_owner, to_owner)] = [(e.from_owner, e.to_owner) for e in told]
+        assert from_owner in (holder.owner, "")
+        assert to_owner == lock.owner
         assert lock.token > holder.token
         assert lock.release()
     finally:
