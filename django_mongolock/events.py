@@ -229,8 +229,7 @@ def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return acquire(*args, **kwargs)
-        started, outer = _began(), _contended.get()
-        _contended.set(False)
+        started, outer = _began(), _uncontended()
         try:
             lock = acquire(*args, **kwargs)
         except BaseException as exc:
@@ -239,8 +238,6 @@ def observed(acquire: Callable[_P, _H]) -> Callable[_P, _H]:
         else:
             _acquired(args, started, lock)
         finally:
-            # Not ``reset``: a coroutine closed by its garbage collection runs this in
-            # whatever context is current then.
             _contended.set(outer)
         return lock
 
@@ -254,8 +251,7 @@ def aobserved(acquire: Callable[_P, Awaitable[_H]]) -> Callable[_P, Awaitable[_H
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _H:
         if not _observers:
             return await acquire(*args, **kwargs)
-        started, outer = _began(), _contended.get()
-        _contended.set(False)
+        started, outer = _began(), _uncontended()
         try:
             lock = await acquire(*args, **kwargs)
         except BaseException as exc:
@@ -264,12 +260,19 @@ def aobserved(acquire: Callable[_P, Awaitable[_H]]) -> Callable[_P, Awaitable[_H
         else:
             _acquired(args, started, lock)
         finally:
-            # Not ``reset``: a coroutine closed by its garbage collection runs this in
-            # whatever context is current then.
             _contended.set(outer)
         return lock
 
     return wrapper
+
+
+def _uncontended() -> bool:
+    """Clear the flag for an acquisition starting; the value to put back when it ends,
+    by ``set``, not ``reset``: a coroutine closed by its garbage collection ends in
+    whatever context is current then."""
+    outer = _contended.get()
+    _contended.set(False)
+    return outer
 
 
 def _began() -> float:

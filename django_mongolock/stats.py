@@ -345,7 +345,7 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
                 event.source,
                 event.key,
                 event.outcome,
-                wait=event.waited if event.contended or event.outcome == "timeout" else 0.0,
+                wait=event.waited if event.contended else 0.0,
                 owner=event.owner,
                 token=event.token,
             )

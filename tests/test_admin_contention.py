@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +22,7 @@ from django_mongolock.notices import get_notices
 from django_mongolock.queries import stats as queries
 from django_mongolock.refresher import get_refresher
 from django_mongolock.store.stats import StatsStore
+from tests.waiting import Waiter
 
 pytestmark = pytest.mark.django_db
 
@@ -158,13 +158,10 @@ def _contend(manager: LockManager, other: LockManager, key: str) -> None:
     if into_minute > 45:
         time.sleep(60.5 - into_minute)
     holder = manager.acquire(key, ttl=30)
-    waiter = threading.Thread(target=lambda: other.acquire(key, timeout=20).release())
-    waiter.start()
-    _until(lambda: (info := manager.status(key)) is not None and info.waiting == 1, "no waiter")
+    waiter = Waiter(manager, other, key, timeout=20)
     time.sleep(0.3)
     holder.release()
-    waiter.join(timeout=20)
-    assert not waiter.is_alive()
+    waiter.join()
     blocker = manager.acquire(key, ttl=30)
     with pytest.raises(Exception, match="held"):
         other.acquire(key, blocking=False)
@@ -247,14 +244,12 @@ def test_the_contention_view_charts_and_tables_the_busiest_keys(
     now = datetime.now(UTC)
     _seed(locks, now)
     holder = locks.acquire("orders/sync", ttl=30)
-    waiter = threading.Thread(target=lambda: other.acquire("orders/sync", timeout=20).release())
-    waiter.start()
     try:
-        _until(lambda: (i := locks.status("orders/sync")) is not None and i.waiting == 1, "waiter")
+        waiter = Waiter(locks, other, "orders/sync", timeout=20)
         response = admin_client.get(CONTENTION_URL)
     finally:
         holder.release()
-        waiter.join(timeout=20)
+    waiter.join()
     assert response.status_code == 200
     html = response.content.decode()
     assert html.count('<svg class="mongolock-chart"') == 3

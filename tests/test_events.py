@@ -27,7 +27,7 @@ from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import MongoReplicaSet
 from tests.validators import refusing
-from tests.waiting import in_line
+from tests.waiting import Waiter
 
 
 @pytest.fixture
@@ -122,15 +122,10 @@ def test_only_an_acquisition_that_found_the_key_taken_is_contended(
         hang("ev-slow", ms=300, times=1)
         slow.acquire("ev-slow", ttl=10).release()
         holder = other.acquire("ev-contended", ttl=30)
-        waiter = threading.Thread(
-            target=lambda: manager.acquire("ev-contended", timeout=20).release()
-        )
-        waiter.start()
-        in_line(other, "ev-contended", 1)
+        waiter = Waiter(other, manager, "ev-contended", timeout=20)
         time.sleep(0.2)
         holder.release()
-        waiter.join(timeout=20)
-        assert not waiter.is_alive()
+        waiter.join()
         with pytest.raises(LockNotAcquired), other.acquire("ev-contended", ttl=30):
             manager.acquire("ev-contended", timeout=0.1)
     finally:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import pytest
 
-from django_mongolock import Lock, LockLost, LockManager, clock, events
-from tests.waiting import in_line
+from django_mongolock import LockLost, LockManager, clock, events
+from tests.waiting import Waiter
 
 
 def _fields(record: logging.LogRecord, *names: str) -> dict[str, object]:
@@ -46,24 +45,11 @@ def test_acquired_after_waiting(
     manager: LockManager, other: LockManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     holder = manager.acquire("log-wait", ttl=10)
-    got: list[Lock | BaseException] = []
-
-    def wait() -> None:
-        try:
-            got.append(other.acquire("log-wait", timeout=20))
-        except BaseException as exc:
-            got.append(exc)
-
     with caplog.at_level(logging.INFO, "django_mongolock.manager"):
-        thread = threading.Thread(target=wait)
-        thread.start()
-        in_line(manager, "log-wait", 1)  # released before its first attempt, it would not wait
+        waiting = Waiter(manager, other, "log-wait", timeout=20)
         time.sleep(0.2)
         holder.release()
-        thread.join(timeout=20)
-    [waiter] = got
-    assert isinstance(waiter, Lock), waiter
-    waiter.release()
+        waiter, _ = waiting.join()
     (record,) = [
         r
         for r in caplog.records

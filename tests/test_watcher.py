@@ -76,7 +76,8 @@ def test_a_release_wakes_only_the_waiters_of_that_key(
     thread_a, result_a = _wait_in_thread(other, "key-a", timeout=20)
     # Its last attempt, at its timeout, comes well after the counted window.
     thread_b, result_b = _wait_in_thread(other, "key-b", timeout=8)
-    time.sleep(1.0)
+    in_line(manager, "key-a", 1)  # both first attempts made, and counted
+    in_line(manager, "key-b", 1)
     before = len(attempts)
     first.release()
     thread_a.join(timeout=10)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django_mongolock import LockManager
+from django_mongolock import Lock, LockManager
 from django_mongolock.watcher import Watcher
 
 
@@ -84,8 +84,40 @@ QUIET = 2.0
 QUIET_ATTEMPTS = 3
 
 
+class Waiter:
+    """A thread of ``waiting`` blocked on ``key``, which ``holding`` holds; built once
+    the waiter is in line, so a release from then on is one it has to wait for (a
+    release before its first attempt would find it no waiter at all)."""
+
+    def __init__(
+        self, holding: LockManager, waiting: LockManager, key: str, timeout: float = LEASE
+    ) -> None:
+        self.result: list[Any] = []
+        self.thread = threading.Thread(target=self._run, args=(waiting, key, timeout))
+        self.thread.start()
+        in_line(holding, key, 1)
+
+    def _run(self, waiting: LockManager, key: str, timeout: float) -> None:
+        try:
+            lock = waiting.acquire(key, timeout=timeout)
+        except Exception as exc:  # reported to the test by ``join``
+            self.result.append(exc)
+            return
+        self.result.append((lock, time.monotonic()))
+        lock.release()
+
+    def join(self, timeout: float = LEASE + 10) -> tuple[Lock, float]:
+        """The lock the waiter got (released since) and when it got it (bounded)."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the waiter is still waiting"
+        [outcome] = self.result
+        assert not isinstance(outcome, Exception), outcome
+        lock, acquired_at = outcome
+        return lock, acquired_at
+
+
 class Wait:
-    """A thread of ``waiting`` blocked on ``key``, which ``holding`` holds for ``LEASE``.
+    """A ``Waiter`` of ``waiting`` blocked on ``key``, which ``holding`` holds for ``LEASE``.
 
     Every acquire attempt of ``waiting``'s store is counted, so that a waiter woken by
     the stream can be told from one that polls.
@@ -93,22 +125,9 @@ class Wait:
 
     def __init__(self, holding: LockManager, waiting: LockManager, key: str) -> None:
         self.waiting = waiting
-        self.key = key
         self.attempts = count_attempts(waiting)
         self.holder = holding.acquire(key, ttl=LEASE)
-        self.result: list[Any] = []
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-        in_line(holding, key, 1)
-
-    def _run(self) -> None:
-        try:
-            lock = self.waiting.acquire(self.key, timeout=LEASE)
-        except Exception as exc:  # reported to the test
-            self.result.append(exc)
-            return
-        self.result.append((lock, time.monotonic()))
-        lock.release()
+        self.waiter = Waiter(holding, waiting, key)
 
     def woken_by_release(self, role: str) -> Any:
         """Watch the waiter sleep, release, and check the stream woke it at once; the
@@ -120,11 +139,7 @@ class Wait:
         quiet = len(self.attempts) - before
         released_at = time.monotonic()
         assert self.holder.release()
-        self.thread.join(LEASE + 10)
-        assert not self.thread.is_alive()
-        assert len(self.result) == 1
-        assert not isinstance(self.result[0], Exception), self.result[0]
-        lock, acquired_at = self.result[0]
+        lock, acquired_at = self.waiter.join()
         assert lock.token > self.holder.token
         # Woken by the event of the release, long before the lease would have ended,
         # and without polling for it.
