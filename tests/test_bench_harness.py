@@ -1,0 +1,178 @@
+"""The benchmark harness itself: its worker pool, its safety counts, its connecting step
+and its warm-up waves, against the session's replica set. A harness that miscounts, or
+hangs after a failed round, would publish figures nobody should trust."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pymongo import MongoClient, uri_parser
+from pymongo.errors import PyMongoError
+
+from benchmarks import workers
+from benchmarks.contenders import DATABASE, Kind, Spec, build
+from benchmarks.scale import waves
+from benchmarks.workers import Job, Pool, Shared
+from tests.reliability.proxy import TcpProxy
+
+
+@pytest.fixture
+def bench_database(mongolock_url: str) -> Iterator[None]:
+    """The harness writes to its own database on the test server: dropped after."""
+    yield
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        client.drop_database(DATABASE)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def link(mongolock_url: str) -> Iterator[TcpProxy]:
+    """A proxy in front of the replica set's one node, passing traffic at first."""
+    [(host, port)] = uri_parser.parse_uri(mongolock_url)["nodelist"]
+    with TcpProxy((host, port), name="bench-link") as proxy:
+        yield proxy
+
+
+def test_the_warm_up_waves_double_from_the_smallest_to_the_size_asked() -> None:
+    assert waves(200) == [4, 6, 12, 25, 50, 100, 200]
+    assert waves(48) == [4, 6, 12, 24, 48]
+    assert waves(5) == [4, 5]
+    assert waves(4) == [4]
+    assert waves(2) == [2]  # fewer than the first wave: one wave of them all
+    assert waves(16, first=8) == [8, 16]
+
+
+def test_the_safety_counts_see_an_overlap_and_a_lost_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The counters a round reports as its safety are able to report a breach."""
+    shared = Shared(multiprocessing.get_context("spawn"), slots=2)
+    shared.critical(0, 0.0)
+    assert (shared.total(), shared.overlaps.value) == (1, 0)
+    # A second holder enters while the first is inside: an overlap. Both read the
+    # counter before either wrote it back, so one increment is lost.
+    entered, leave = threading.Semaphore(0), threading.Event()
+
+    def hold(seconds: float) -> None:
+        entered.release()
+        assert leave.wait(30)
+
+    monkeypatch.setattr(workers, "time", SimpleNamespace(sleep=hold))
+    holders = [threading.Thread(target=shared.critical, args=(1, 1.0)) for _ in range(2)]
+    for holder in holders:
+        holder.start()
+        assert entered.acquire(timeout=30)  # inside, its counter read
+    leave.set()
+    for holder in holders:
+        holder.join(30)
+        assert not holder.is_alive()
+    assert shared.overlaps.value == 1
+    assert shared.total() == 2  # three sections entered: one update lost
+    shared.reset()
+    assert (shared.total(), shared.overlaps.value) == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ["floor", "ours"])
+def test_a_pool_round_counts_every_handoff_and_no_breach(
+    mongolock_url: str, bench_database: None, kind: Kind
+) -> None:
+    spec = Spec(kind, kind, mongolock_url, collection=f"harness_{kind}", poll=0.01)
+    pool = Pool(3)
+    try:
+        assert pool.run(Job("connect", spec, parties=3)).workers == [
+            {"worker": 0},
+            {"worker": 1},
+            {"worker": 2},
+        ]
+        round_ = pool.run(Job("handoff", spec, parties=3, duration=1.0, hold=0.005))
+    finally:
+        pool.close()
+    records = [record for worker in round_.workers for record in worker["records"]]
+    assert len({worker["pid"] for worker in round_.workers}) == 3
+    assert all(worker["records"] for worker in round_.workers)
+    # Every critical section counted once, none entered twice at a time.
+    assert round_.counted == len(records)
+    assert round_.overlaps == 0
+    # The sections, as timed by their workers, follow one another.
+    sections = sorted((acquired, released) for _, acquired, released, _ in records)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(sections))
+    assert not any(process.is_alive() for process in pool.processes)
+
+
+def test_a_failed_round_is_reported_and_the_pool_still_stops(
+    mongolock_url: str, bench_database: None
+) -> None:
+    """A worker's error names the worker and the workload; ``close`` then stops every
+    worker in bounded time, including those that failed and those never asked."""
+    spec = Spec("floor", "floor", mongolock_url, collection="harness_failed")
+    pool = Pool(3)
+    try:
+        with pytest.raises(RuntimeError, match=r"worker \d failed in no-such-workload"):
+            pool.run(Job("no-such-workload", spec, parties=2), timeout=60)
+    finally:
+        started = time.monotonic()
+        pool.close()
+        closed_in = time.monotonic() - started
+    assert not any(process.is_alive() for process in pool.processes)
+    assert closed_in < 60  # within close's own bound: nothing waited on a stuck queue
+
+
+def test_connecting_tries_again_until_the_server_answers(
+    link: TcpProxy, bench_database: None, mongolock_url: str
+) -> None:
+    """A worker coming up while the server does not answer is not failed: its unmeasured
+    first lock is tried again until it is taken, and given back."""
+    url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    spec = Spec("floor", "floor", url, collection="harness_connect")
+    contender = build(spec)
+    shared = Shared(multiprocessing.get_context("spawn"), slots=1)
+    result: list[Any] = []
+    link.set_mode("reset")
+    try:
+        thread = threading.Thread(
+            target=lambda: result.append(
+                workers._connect(contender, Job("connect", spec), None, shared, 7)
+            )
+        )
+        started = time.monotonic()
+        thread.start()
+        time.sleep(1.5)  # long enough for at least one failed try
+        assert thread.is_alive()
+        link.set_mode("pass")
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        contender.close()
+    assert result == [{"worker": 7}]
+    assert time.monotonic() - started >= 1.5
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        assert client[DATABASE]["harness_connect"].find_one({"_id": "connect-7"}) is None
+    finally:
+        client.close()
+
+
+def test_connecting_gives_up_after_its_bound(
+    link: TcpProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "CONNECT_WITHIN", 0.5)
+    url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    spec = Spec("floor", "floor", url, collection="harness_unreachable")
+    contender = build(spec)
+    shared = Shared(multiprocessing.get_context("spawn"), slots=1)
+    link.set_mode("reset")
+    try:
+        with pytest.raises(PyMongoError):
+            workers._connect(contender, Job("connect", spec), None, shared, 0)
+    finally:
+        contender.close()
+        link.set_mode("pass")
