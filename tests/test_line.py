@@ -327,6 +327,27 @@ def test_the_shared_refresh_reads_no_more_than_its_own_documents(manager: LockMa
     assert read["docsExamined"] == 1, read
     del held[-2:]
     assert pair[1].release()
+    # Beside another's lease the write extends ours alone; a listed key whose only
+    # holder is now another (ours ended, and somebody took it) is left as it is.
+    foreign = {"owner": "reader-x", "token": 1, "expires_at": later, "ttl": 600.0}
+    collection.update_one({"_id": locks[0].key}, {"$push": {"holders": foreign}})
+    gone = manager.acquire("gone", shared=True, ttl=30, refresh=False)
+    held.append((gone.key, gone.owner, gone.token))
+    taken = {**foreign, "owner": "reader-y", "expires_at": later - timedelta(minutes=1)}
+    collection.update_one({"_id": gone.key}, {"$set": {"holders": [taken]}})
+    shared_before, gone_before = (collection.find_one({"_id": k}) for k in (locks[0].key, "gone"))
+    assert shared_before is not None
+    assert profiled({gone.owner}) == ["update", "query"]
+    assert collection.find_one({"_id": "gone"}) == gone_before
+    after = collection.find_one({"_id": locks[0].key})
+    assert after is not None
+    mine, theirs = after["holders"]
+    assert mine["owner"] == locks[0].owner
+    assert mine["expires_at"] > shared_before["holders"][0]["expires_at"]
+    assert theirs == shared_before["holders"][1]
+    assert after["expires_at"] == theirs["expires_at"]
+    del held[-1]
+    assert not gone.release()
     # explain() of the query the refresh sends: the _id index, never a collection scan.
     query, _ = queries.refresh_shared_many(held)
     plan = collection.find(query).hint([("_id", 1)]).explain()
