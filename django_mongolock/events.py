@@ -316,10 +316,12 @@ def _failed(args: tuple[Any, ...], started: float, exc: BaseException) -> None:
     ``lock_acquired`` receiver's: the lock was given back); the rest is a cancellation."""
     waited, (source, request) = _ended() - started, args[:2]
     outcome: Outcome = "error" if isinstance(exc, Exception) else "cancelled"
-    if isinstance(exc, LockNotAcquired):
-        outcome = "busy" if exc.waited is None else "timeout"
-    key, owner, shared = request.key, request.owner, request.shared
     contended = _contended.get()
+    if isinstance(exc, LockNotAcquired):
+        # A timeout of an acquisition that never waited is a ``lock_acquired``
+        # receiver's own, raised after this one took the key: that receiver's error.
+        outcome = "busy" if exc.waited is None else "timeout" if contended else "error"
+    key, owner, shared = request.key, request.owner, request.shared
     _emit(AcquireFinished(source, key, owner, shared, outcome, waited, None, None, exc, contended))
 
 

@@ -21,15 +21,19 @@ from benchmarks.contenders import DATABASE, Kind, Spec, build
 from benchmarks.scale import waves
 from benchmarks.workers import Job, Pool, Shared
 from tests.reliability.proxy import TcpProxy
+from tests.waiting import until
 
 
 @pytest.fixture
 def bench_database(mongolock_url: str) -> Iterator[None]:
-    """The harness writes to its own database on the test server: dropped after."""
+    """The harness writes to its own database on the test server: the collections these
+    tests name (``harness_...``) are dropped after, nothing else in it."""
     yield
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
-        client.drop_database(DATABASE)
+        database = client[DATABASE]
+        for name in database.list_collection_names(filter={"name": {"$regex": "^harness_"}}):
+            database.drop_collection(name)
     finally:
         client.close()
 
@@ -42,7 +46,7 @@ def link(mongolock_url: str) -> Iterator[TcpProxy]:
         yield proxy
 
 
-def test_the_warm_up_waves_double_from_the_smallest_to_the_size_asked() -> None:
+def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
     assert waves(200) == [4, 6, 12, 25, 50, 100, 200]
     assert waves(48) == [4, 6, 12, 24, 48]
     assert waves(5) == [4, 5]
@@ -126,6 +130,20 @@ def test_a_failed_round_is_reported_and_the_pool_still_stops(
     assert closed_in < 60  # within close's own bound: nothing waited on a stuck queue
 
 
+def _counting(contender: Any) -> list[float]:
+    """Record when each try of ``contender`` begins."""
+    tries: list[float] = []
+    real = contender.try_acquire
+
+    def try_acquire(key: str) -> object | None:
+        tries.append(time.monotonic())
+        handle: object | None = real(key)
+        return handle
+
+    contender.try_acquire = try_acquire
+    return tries
+
+
 def test_connecting_tries_again_until_the_server_answers(
     link: TcpProxy, bench_database: None, mongolock_url: str
 ) -> None:
@@ -134,6 +152,7 @@ def test_connecting_tries_again_until_the_server_answers(
     url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
     spec = Spec("floor", "floor", url, collection="harness_connect")
     contender = build(spec)
+    tries = _counting(contender)
     shared = Shared(multiprocessing.get_context("spawn"), slots=1)
     result: list[Any] = []
     link.set_mode("reset")
@@ -141,19 +160,19 @@ def test_connecting_tries_again_until_the_server_answers(
         thread = threading.Thread(
             target=lambda: result.append(
                 workers._connect(contender, Job("connect", spec), None, shared, 7)
-            )
+            ),
+            daemon=True,  # not left trying for its whole bound if this test fails
         )
-        started = time.monotonic()
         thread.start()
-        time.sleep(1.5)  # long enough for at least one failed try
+        until(lambda: len(tries) >= 2, 30, "a second try")
         assert thread.is_alive()
+        assert result == []
         link.set_mode("pass")
         thread.join(30)
         assert not thread.is_alive()
     finally:
         contender.close()
     assert result == [{"worker": 7}]
-    assert time.monotonic() - started >= 1.5
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
         assert client[DATABASE]["harness_connect"].find_one({"_id": "connect-7"}) is None
@@ -164,15 +183,22 @@ def test_connecting_tries_again_until_the_server_answers(
 def test_connecting_gives_up_after_its_bound(
     link: TcpProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workers, "CONNECT_WITHIN", 0.5)
+    # Room for a failed try (server selection gives up after 0.3 s) and the pause after it.
+    monkeypatch.setattr(workers, "CONNECT_WITHIN", 3.0)
     url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
     spec = Spec("floor", "floor", url, collection="harness_unreachable")
     contender = build(spec)
+    tries = _counting(contender)
     shared = Shared(multiprocessing.get_context("spawn"), slots=1)
     link.set_mode("reset")
+    started = time.monotonic()
     try:
         with pytest.raises(PyMongoError):
             workers._connect(contender, Job("connect", spec), None, shared, 0)
+        gave_up = time.monotonic() - started
     finally:
         contender.close()
         link.set_mode("pass")
+    # Tried again after the first failure, and given up only once the bound had passed.
+    assert len(tries) >= 2
+    assert gave_up >= workers.CONNECT_WITHIN

@@ -151,6 +151,44 @@ def test_only_an_acquisition_that_found_the_key_taken_is_contended(
     assert counts.wait_max_ms >= 150
 
 
+def test_a_receivers_own_timeout_is_told_as_its_error(
+    manager: LockManager, other: LockManager, seen: list[events.Event]
+) -> None:
+    """A ``lock_acquired`` receiver whose own acquisition times out fails the
+    acquisition it was told of (the key is given back): that acquisition never waited,
+    so it ended in an error, not a timeout of its own, and waited nothing by the stats."""
+    from django_mongolock.signals import lock_acquired
+
+    blocker = other.acquire("ev-receiver-blocked", ttl=30)
+
+    def receiver(sender: object, lock: Lock, **kwargs: object) -> None:
+        if lock.key == "ev-receiver":
+            manager.acquire("ev-receiver-blocked", timeout=0.2)
+
+    lock_acquired.connect(receiver)
+    try:
+        with pytest.raises(LockNotAcquired) as raised:
+            manager.acquire("ev-receiver", ttl=30)
+    finally:
+        lock_acquired.disconnect(receiver)
+        blocker.release()
+    assert raised.value.key == "ev-receiver-blocked"
+    assert manager.status("ev-receiver") is None  # given back
+    finished = {
+        e.key: e
+        for e in seen
+        if isinstance(e, events.AcquireFinished) and e.key.startswith("ev-receiver")
+    }
+    inner, outer = finished["ev-receiver-blocked"], finished["ev-receiver"]
+    assert (inner.outcome, inner.contended) == ("timeout", True)
+    assert (outer.outcome, outer.contended, outer.error) == ("error", False, raised.value)
+    recorder = stats.Recorder()
+    stats.observe(outer, recorder)
+    [(_, counts)] = list(recorder.take(manager).items())
+    assert counts.counts == {"errors": 1}
+    assert counts.wait_max_ms == 0
+
+
 def test_async_acquire_is_told(manager: LockManager, seen: list[events.Event]) -> None:
     async def main() -> None:
         lock = await manager.aacquire("ev-async", ttl=10)

@@ -11,10 +11,19 @@ from django_mongolock import Lock, LockManager
 from django_mongolock.watcher import Watcher
 
 
-def in_line(manager: LockManager, key: str, count: int, timeout: float = 20.0) -> None:
-    """Wait (bounded) until ``count`` waiters are in ``key``'s line."""
+def in_line(
+    manager: LockManager,
+    key: str,
+    count: int,
+    timeout: float = 20.0,
+    ended: Callable[[], object] = lambda: None,
+) -> None:
+    """Wait (bounded) until ``count`` waiters are in ``key``'s line; fail at once with
+    what ``ended()`` returns once that is not None (a waiter that ended instead)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if (end := ended()) is not None:
+            raise AssertionError(f"a waiter on {key!r} ended before it joined the line: {end!r}")
         doc = manager.store.collection.find_one({"_id": key}, projection={"waiters": 1})
         places = (doc or {}).get("waiters") or ()
         if sum("owner" in place for place in places) >= count:  # not those marked lapsed
@@ -95,7 +104,7 @@ class Waiter:
         self.result: list[Any] = []
         self.thread = threading.Thread(target=self._run, args=(waiting, key, timeout))
         self.thread.start()
-        in_line(holding, key, 1)
+        in_line(holding, key, 1, ended=lambda: self.result[0] if self.result else None)
 
     def _run(self, waiting: LockManager, key: str, timeout: float) -> None:
         try:

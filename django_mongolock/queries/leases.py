@@ -152,11 +152,11 @@ def refresh_shared_many(
     (``refreshed_at``, and the document's ``expires_at``, move only then), so that with
     one lease per key the modified count tells whether every lease was extended.
 
-    The filter already found one of the listed owners among a document's holders (by the
-    index's sorted ``$in``): a lone holder is that one, and the pipeline tests the owner
-    of only the holders of a document with several. Its ``$in`` over the listed owners
-    is a scan of the whole list for each holder, which made a tick over a thousand shared
-    leases on their own keys about a third slower.
+    The filter already found one of the listed owners among a document's holders (the
+    query's ``$in``, matched against a sorted set): a lone holder is that one, and the
+    pipeline tests the owner of only the holders of a document with several. Its ``$in``
+    over the listed owners is a scan of the whole list for each holder, which made a
+    tick over a thousand shared leases on their own keys about a third slower.
     """
     listed = {"$literal": sorted({owner for _, owner, _ in held})}
     alone = {"$eq": [{"$size": "$holders"}, 1]}
