@@ -316,12 +316,12 @@ def _failed(args: tuple[Any, ...], started: float, exc: BaseException) -> None:
     ``lock_acquired`` receiver's: the lock was given back); the rest is a cancellation."""
     waited, (source, request) = _ended() - started, args[:2]
     outcome: Outcome = "error" if isinstance(exc, Exception) else "cancelled"
-    contended = _contended.get()
-    if isinstance(exc, LockNotAcquired):
-        # A timeout of an acquisition that never waited is a ``lock_acquired``
-        # receiver's own, raised after this one took the key: that receiver's error.
-        outcome = "busy" if exc.waited is None else "timeout" if contended else "error"
     key, owner, shared = request.key, request.owner, request.shared
+    # A refusal of another key is a ``lock_acquired`` receiver's own, raised after this
+    # acquisition took its key: that receiver's error.
+    if isinstance(exc, LockNotAcquired) and exc.key == key:
+        outcome = "busy" if exc.waited is None else "timeout"
+    contended = _contended.get()
     _emit(AcquireFinished(source, key, owner, shared, outcome, waited, None, None, exc, contended))
 
 

@@ -151,42 +151,61 @@ def test_only_an_acquisition_that_found_the_key_taken_is_contended(
     assert counts.wait_max_ms >= 150
 
 
-def test_a_receivers_own_timeout_is_told_as_its_error(
-    manager: LockManager, other: LockManager, seen: list[events.Event]
+@pytest.mark.parametrize("waited_first", [False, True], ids=["free", "after-waiting"])
+@pytest.mark.parametrize("refusal", ["timeout", "busy"])
+def test_a_receivers_own_refusal_is_told_as_its_error(
+    manager: LockManager,
+    other: LockManager,
+    seen: list[events.Event],
+    refusal: str,
+    waited_first: bool,
 ) -> None:
-    """A ``lock_acquired`` receiver whose own acquisition times out fails the
-    acquisition it was told of (the key is given back): that acquisition never waited,
-    so it ended in an error, not a timeout of its own, and waited nothing by the stats."""
+    """A ``lock_acquired`` receiver whose own acquisition of another key is refused fails
+    the acquisition it was told of (the key is given back), whether that one took its
+    key at once or after waiting: it ended in an error, not a refusal of its own."""
     from django_mongolock.signals import lock_acquired
 
     blocker = other.acquire("ev-receiver-blocked", ttl=30)
+    wait = 0.2 if refusal == "timeout" else 0
 
     def receiver(sender: object, lock: Lock, **kwargs: object) -> None:
         if lock.key == "ev-receiver":
-            manager.acquire("ev-receiver-blocked", timeout=0.2)
+            manager.acquire("ev-receiver-blocked", timeout=wait)
 
+    # Taken before the receiver listens, which would fail this acquisition too.
+    holder = other.acquire("ev-receiver", ttl=30) if waited_first else None
     lock_acquired.connect(receiver)
     try:
-        with pytest.raises(LockNotAcquired) as raised:
-            manager.acquire("ev-receiver", ttl=30)
+        if holder is not None:
+            waiter = Waiter(other, manager, "ev-receiver", timeout=20)
+            holder.release()
+            waiter.thread.join(30)
+            assert not waiter.thread.is_alive()
+            [error] = waiter.result
+        else:
+            with pytest.raises(LockNotAcquired) as raised:
+                manager.acquire("ev-receiver", ttl=30)
+            error = raised.value
     finally:
         lock_acquired.disconnect(receiver)
         blocker.release()
-    assert raised.value.key == "ev-receiver-blocked"
+    assert isinstance(error, LockNotAcquired)
+    assert error.key == "ev-receiver-blocked"
     assert manager.status("ev-receiver") is None  # given back
     finished = {
         e.key: e
         for e in seen
-        if isinstance(e, events.AcquireFinished) and e.key.startswith("ev-receiver")
+        if isinstance(e, events.AcquireFinished)
+        and e.key.startswith("ev-receiver")
+        and e.source is manager
     }
     inner, outer = finished["ev-receiver-blocked"], finished["ev-receiver"]
-    assert (inner.outcome, inner.contended) == ("timeout", True)
-    assert (outer.outcome, outer.contended, outer.error) == ("error", False, raised.value)
+    assert inner.outcome == refusal
+    assert (outer.outcome, outer.contended, outer.error) == ("error", waited_first, error)
     recorder = stats.Recorder()
     stats.observe(outer, recorder)
     [(_, counts)] = list(recorder.take(manager).items())
     assert counts.counts == {"errors": 1}
-    assert counts.wait_max_ms == 0
 
 
 def test_async_acquire_is_told(manager: LockManager, seen: list[events.Event]) -> None:

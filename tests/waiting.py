@@ -16,14 +16,14 @@ def in_line(
     key: str,
     count: int,
     timeout: float = 20.0,
-    ended: Callable[[], object] = lambda: None,
+    failed: Callable[[], object] = lambda: None,
 ) -> None:
     """Wait (bounded) until ``count`` waiters are in ``key``'s line; fail at once with
-    what ``ended()`` returns once that is not None (a waiter that ended instead)."""
+    what ``failed()`` returns once that is not None (a waiter's error)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (end := ended()) is not None:
-            raise AssertionError(f"a waiter on {key!r} ended before it joined the line: {end!r}")
+        if (error := failed()) is not None:
+            raise AssertionError(f"a waiter on {key!r} failed, in line or not: {error!r}")
         doc = manager.store.collection.find_one({"_id": key}, projection={"waiters": 1})
         places = (doc or {}).get("waiters") or ()
         if sum("owner" in place for place in places) >= count:  # not those marked lapsed
@@ -104,7 +104,10 @@ class Waiter:
         self.result: list[Any] = []
         self.thread = threading.Thread(target=self._run, args=(waiting, key, timeout))
         self.thread.start()
-        in_line(holding, key, 1, ended=lambda: self.result[0] if self.result else None)
+        in_line(holding, key, 1, failed=self._failure)
+
+    def _failure(self) -> Exception | None:
+        return next((r for r in self.result if isinstance(r, Exception)), None)
 
     def _run(self, waiting: LockManager, key: str, timeout: float) -> None:
         try:
