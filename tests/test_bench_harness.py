@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -39,11 +40,18 @@ def bench_database(mongolock_url: str) -> Iterator[None]:
 
 
 @pytest.fixture
-def link(mongolock_url: str) -> Iterator[TcpProxy]:
-    """A proxy in front of the replica set's one node, passing traffic at first."""
-    [(host, port)] = uri_parser.parse_uri(mongolock_url)["nodelist"]
-    with TcpProxy((host, port), name="bench-link") as proxy:
-        yield proxy
+def nowhere() -> Iterator[socket.socket]:
+    """A local port bound but not listening: every connection to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock
+
+
+def _url(port: int) -> str:
+    return (
+        f"mongodb://127.0.0.1:{port}/?directConnection=true"
+        "&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+    )
 
 
 def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
@@ -145,17 +153,17 @@ def _counting(contender: Any) -> list[float]:
 
 
 def test_connecting_tries_again_until_the_server_answers(
-    link: TcpProxy, bench_database: None, mongolock_url: str
+    nowhere: socket.socket, bench_database: None, mongolock_url: str
 ) -> None:
     """A worker coming up while the server does not answer is not failed: its unmeasured
     first lock is tried again until it is taken, and given back."""
-    url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
-    spec = Spec("floor", "floor", url, collection="harness_connect")
+    port = nowhere.getsockname()[1]
+    spec = Spec("floor", "floor", _url(port), collection="harness_connect")
     contender = build(spec)
     tries = _counting(contender)
     shared = Shared(multiprocessing.get_context("spawn"), slots=1)
     result: list[Any] = []
-    link.set_mode("reset")
+    [(host, server_port)] = uri_parser.parse_uri(mongolock_url)["nodelist"]
     try:
         thread = threading.Thread(
             target=lambda: result.append(
@@ -167,9 +175,11 @@ def test_connecting_tries_again_until_the_server_answers(
         until(lambda: len(tries) >= 2, 30, "a second try")
         assert thread.is_alive()
         assert result == []
-        link.set_mode("pass")
-        thread.join(30)
-        assert not thread.is_alive()
+        # The server comes up on that port: a proxy to the test replica set's node.
+        nowhere.close()
+        with TcpProxy((host, server_port), port=port, name="bench-late"):
+            thread.join(30)
+            assert not thread.is_alive()
     finally:
         contender.close()
     assert result == [{"worker": 7}]
@@ -181,16 +191,14 @@ def test_connecting_tries_again_until_the_server_answers(
 
 
 def test_connecting_gives_up_after_its_bound(
-    link: TcpProxy, monkeypatch: pytest.MonkeyPatch
+    nowhere: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Room for a failed try (server selection gives up after 0.3 s) and the pause after it.
     monkeypatch.setattr(workers, "CONNECT_WITHIN", 3.0)
-    url = f"{link.direct_url}&serverSelectionTimeoutMS=300&connectTimeoutMS=300"
-    spec = Spec("floor", "floor", url, collection="harness_unreachable")
+    spec = Spec("floor", "floor", _url(nowhere.getsockname()[1]), collection="harness_nowhere")
     contender = build(spec)
     tries = _counting(contender)
     shared = Shared(multiprocessing.get_context("spawn"), slots=1)
-    link.set_mode("reset")
     started = time.monotonic()
     try:
         with pytest.raises(PyMongoError):
@@ -198,7 +206,6 @@ def test_connecting_gives_up_after_its_bound(
         gave_up = time.monotonic() - started
     finally:
         contender.close()
-        link.set_mode("pass")
     # Tried again after the first failure, and given up only once the bound had passed.
     assert len(tries) >= 2
     assert gave_up >= workers.CONNECT_WITHIN
