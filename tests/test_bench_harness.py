@@ -180,6 +180,7 @@ def test_connecting_tries_again_until_the_server_answers(
         with TcpProxy((host, server_port), port=port, name="bench-late"):
             thread.join(30)
             assert not thread.is_alive()
+            contender.close()  # its connections end before the proxy's
     finally:
         contender.close()
     assert result == [{"worker": 7}]

@@ -200,10 +200,13 @@ class TcpProxy:
     # -- the loop --------------------------------------------------------------------------
 
     async def _close(self) -> None:
+        # Every connection is reset before the listener is waited for: from Python 3.12
+        # on, ``wait_closed`` also waits for the connections it accepted to close.
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
         self._reset_all()
+        if self._server is not None:
+            await self._server.wait_closed()
         tasks = [task for link in self._links for task in link.tasks]
         for task in tasks:
             task.cancel()
