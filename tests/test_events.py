@@ -179,9 +179,7 @@ def test_a_receivers_own_refusal_is_told_as_its_error(
         if holder is not None:
             waiter = Waiter(other, manager, "ev-receiver", timeout=20)
             holder.release()
-            waiter.thread.join(30)
-            assert not waiter.thread.is_alive()
-            [error] = waiter.result
+            error = waiter.error(30)
         else:
             with pytest.raises(LockNotAcquired) as raised:
                 manager.acquire("ev-receiver", ttl=30)

@@ -118,14 +118,25 @@ class Waiter:
         self.result.append((lock, time.monotonic()))
         lock.release()
 
-    def join(self, timeout: float = LEASE + 10) -> tuple[Lock, float]:
-        """The lock the waiter got (released since) and when it got it (bounded)."""
+    def _outcome(self, timeout: float) -> Any:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the waiter is still waiting"
         [outcome] = self.result
+        return outcome
+
+    def join(self, timeout: float = LEASE + 10) -> tuple[Lock, float]:
+        """The lock the waiter got (released since) and when it got it (bounded)."""
+        outcome = self._outcome(timeout)
         assert not isinstance(outcome, Exception), outcome
         lock, acquired_at = outcome
         return lock, acquired_at
+
+    def error(self, timeout: float = LEASE + 10) -> Exception:
+        """What the waiter's acquisition raised (bounded): ``join``'s counterpart for a
+        waiter that must fail."""
+        outcome = self._outcome(timeout)
+        assert isinstance(outcome, Exception), f"the waiter got the lock: {outcome}"
+        return outcome
 
 
 class Wait:
