@@ -88,6 +88,8 @@ class TcpProxy:
         self._delay = 0.0
         self._isolated: frozenset[str] = frozenset()
         self._links: set[_Link] = set()
+        # Connections accepted but not yet linked (their server side still connecting).
+        self._accepting: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -202,8 +204,14 @@ class TcpProxy:
     async def _close(self) -> None:
         # Every connection is reset before the listener is waited for: from Python 3.12
         # on, ``wait_closed`` also waits for the connections it accepted to close.
+        # A connection still being linked is reset too: left to a loop that stops, its
+        # transport would be collected open.
         if self._server is not None:
             self._server.close()
+        accepting = list(self._accepting)
+        for task in accepting:
+            task.cancel()
+        await asyncio.gather(*accepting, return_exceptions=True)
         self._reset_all()
         if self._server is not None:
             await self._server.wait_closed()
@@ -227,6 +235,19 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._accepting.add(task)
+        try:
+            await self._link(reader, writer)
+        except asyncio.CancelledError:
+            _reset(writer)
+            raise
+        finally:
+            self._accepting.discard(task)
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Connect to the target and start forwarding (or reset the connection at once)."""
         if self._mode == "reset":
             self.resets += 1
             _reset(writer)

@@ -5,8 +5,12 @@ The network fault tests pass only if their faults happen; these checks make sure
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import socket
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -111,3 +115,38 @@ def test_isolate_black_holes_one_origin_only(lone: MongoReplicaSet) -> None:
             timed_failure(client, _id=uuid.uuid4().hex)
             proxy.isolate(())
             recovers(client)
+
+
+def test_stopping_resets_a_connection_still_connecting_to_the_target() -> None:
+    """A client connected while the proxy's own connection to the target is still being
+    made (here a target whose backlog is full, so the connect hangs) is reset when the
+    proxy stops: the stop is not held up, and no transport is left for the garbage
+    collector to find open."""
+    with contextlib.ExitStack() as stack:
+        full = stack.enter_context(socket.socket())
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        # Connections nobody accepts fill the backlog: the next SYN goes unanswered.
+        for _ in range(3):
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(full.getsockname())
+        time.sleep(0.2)
+        proxy = TcpProxy(full.getsockname(), name="stuck").start()
+        client = stack.enter_context(socket.create_connection(("127.0.0.1", proxy.port)))
+        client.settimeout(10)
+        deadline = time.monotonic() + 10
+        while proxy.connections == 0:
+            assert time.monotonic() < deadline, "the proxy never accepted the client"
+            time.sleep(0.01)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            proxy.stop()
+            gc.collect()
+        assert proxy.connections == 1
+        assert proxy.forwarded == 0
+        with contextlib.suppress(ConnectionResetError):
+            assert client.recv(1) == b""
+        left = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert not left, left
