@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockManager
-from django_mongolock.info import LockInfo
+from django_mongolock.info import Holder, LockInfo
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import (
@@ -267,6 +267,89 @@ def test_a_partitioned_holder_learns_of_its_loss_before_anybody_else_holds_its_l
     assert not late, "notices after (or without) the next holder's acquisition:\n" + "\n".join(
         json.dumps(r, sort_keys=True) for r in late
     )
+
+
+def entry_of(status: LockInfo | None, owner: str) -> Holder | None:
+    """``owner``'s shared lease in ``status`` (lapsed or not), if the document still has it."""
+    if status is None:
+        return None
+    return next((holder for holder in status.holders if holder.owner == owner), None)
+
+
+@pytest.mark.timeout(180)
+def test_another_holders_refresh_keeps_no_partitioned_shared_lease_alive(
+    lone: MongoReplicaSet,
+    proxy: TcpProxy,
+    pair: tuple[NetAgent, NetAgent, str],
+) -> None:
+    """A shared lease cut off from the server lapses at its own end while another
+    process's shared lease of the same key is refreshed beside it, tick after tick.
+
+    The refresher extends the leases of one update only for the owners it lists, and
+    skips that test for a document's lone holder: with two holders, the other
+    process's write must leave the partitioned lease as it was.
+    """
+    holder, contender, database = pair
+    key, name = f"beside-{uuid.uuid4().hex[:6]}", "beside"
+    got = holder.call("acquire", name=name, key=key, kind="shared", ttl=TTL)
+    assert got["ok"], got
+    with LockManager(lone.url, database=database, server_selection_timeout=30) as observer:
+        beside = observer.acquire(key, shared=True, ttl=TTL)
+        try:
+            time.sleep(random.uniform(0.05, TTL / 3))
+            proxy.set_mode("drop")
+            dropped = time.monotonic()
+            # A refresh sent just before the drop has reached the server by now.
+            time.sleep(0.3)
+            frozen = entry_of(observer.status(key), got["owner"])
+            assert frozen is not None, "the partitioned lease is gone before its end"
+            waiting = contender.send(
+                "acquire", name=name, key=key, kind="plain", ttl=TTL, timeout=3 * SST + 30
+            )
+            ours_at = entry_of(observer.status(key), beside.owner)
+            assert ours_at is not None
+            refreshed = 0
+            deadline = time.monotonic() + TTL + 5
+            while True:
+                status = observer.status(key)
+                assert status is not None
+                entry, ours = entry_of(status, got["owner"]), entry_of(status, beside.owner)
+                assert ours is not None, status
+                assert ours.expires_at > status.now, status
+                if ours.expires_at > ours_at.expires_at:
+                    refreshed += 1
+                    ours_at = ours
+                if entry is not None:
+                    assert entry.expires_at <= frozen.expires_at, (
+                        f"the partitioned lease was extended by another holder's refresh: "
+                        f"{frozen.expires_at} -> {entry.expires_at}"
+                    )
+                if (entry is None or entry.expires_at <= status.now) and refreshed >= 2:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"the partitioned lease is still live, or the other one was not "
+                    f"refreshed twice ({refreshed}): {status}"
+                )
+                time.sleep(0.1)
+            assert frozen.expires_at <= status.now
+            beside.release()
+            won = contender.reply(waiting, 3 * SST + 40)
+            assert won["ok"], won
+            assert won["token"] > got["token"]
+            notices = notices_of(holder, name, NOTICES["shared"])
+        finally:
+            proxy.set_mode("pass")
+            if not beside.released:
+                beside.release()
+    heal(proxy, holder)
+    result = judge("shared", 0, dropped, notices, won["done"], got["token"])
+    assert result["in_time"], result
+    after = holder.call("after_heal", name=name)
+    assert after["valid"] is False, after
+    assert after["lost"] is True, after
+    released = contender.call("release", name=name)
+    assert released["ok"], released
+    assert released["held"], released
 
 
 # -- two servers, one cut off ---------------------------------------------------------------------
