@@ -101,14 +101,21 @@ class WaitPlan:
     )
 
     def __init__(
-        self, request: Request, limit: float | None, sent_at: float, info: LockInfo
+        self,
+        request: Request,
+        limit: float | None,
+        sent_at: float,
+        info: LockInfo,
+        started: float | None = None,
     ) -> None:
+        """``sent_at``: when the attempt that answered ``info`` was sent; ``started``:
+        when the acquire's first request was (the wait counts from it), if earlier."""
         self.request = request
         self.sent_at = sent_at
         self.info = info
         self.seen = 0  # releases counted before the last attempt
-        self._started = sent_at
-        self._deadline = None if limit is None else sent_at + limit
+        self._started = sent_at if started is None else started
+        self._deadline = None if limit is None else self._started + limit
         self._attempt = 0
         self._at_once = False  # renamed after its last answer: no place in line to keep
         # The releasing holder's owner id once a release handed this request its lease

@@ -76,11 +76,10 @@ def acquire(
         else:
             # Subscribe before the first attempt: a release right after it must wake us.
             with source.waiters.subscribe(request.key, request.owner) as wake:
-                sent_at = clock.now()
-                info = store.acquire(**request.arguments(queue=True))
+                started, sent_at, info = _first_attempt(source.waiters, store, request)
                 mine = request.taken(info)
                 if mine is None:
-                    plan = WaitPlan(request, wait, sent_at, info)
+                    plan = WaitPlan(request, wait, sent_at, info, started)
                     sent_at, mine = _wait(source, store, plan, wake, keep)
                     request = plan.request
         if plan is None:
@@ -103,6 +102,56 @@ def acquire(
         announce(lock)
     _told(source, handoff, lock)
     return lock
+
+
+def _first_attempt(
+    waiters: Waiters, store: LockStore, request: Request
+) -> tuple[float, float, LockInfo]:
+    """A blocking acquire's first attempt: when its first request was sent, when the
+    one that answered was, and the answer.
+
+    A key this manager has not lately found busy is asked for without a place in line:
+    the server parses that request faster (the line's expressions are most of a
+    queueing request's bytes), and it is all that an uncontended acquire sends. Only a
+    key found busy costs a second request, which joins the line. A key lately busy
+    joins the line with the first request, as a waiter's every later attempt does.
+    """
+    started = clock.now()
+    queued = waiters.lately_busy(request.key)
+    if not queued:
+        info = store.acquire(**request.arguments(queue=False))
+        if request.taken(info) is not None:
+            return started, started, info
+        waiters.found(request.key, busy=True)
+    sent_at = clock.now()
+    info = store.acquire(**request.arguments(queue=True))
+    if queued:
+        waiters.found(request.key, busy=_contended(request, info))
+    return started, sent_at, info
+
+
+async def _afirst_attempt(
+    waiters: Waiters, store: AsyncLockStore, request: Request
+) -> tuple[float, float, LockInfo]:
+    """``_first_attempt`` for coroutines."""
+    started = clock.now()
+    queued = waiters.lately_busy(request.key)
+    if not queued:
+        info = await _shielded(store, request, queue=False)
+        if request.taken(info) is not None:
+            return started, started, info
+        waiters.found(request.key, busy=True)
+    sent_at = clock.now()
+    info = await _shielded(store, request, queue=True)
+    if queued:
+        waiters.found(request.key, busy=_contended(request, info))
+    return started, sent_at, info
+
+
+def _contended(request: Request, info: LockInfo) -> bool:
+    """Whether the attempt that answered ``info`` found the key busy, or took it with
+    others waiting behind: the key is likely busy at this manager's next acquire too."""
+    return request.taken(info) is None or info.waiting > 0
 
 
 @events.waited
@@ -224,11 +273,10 @@ async def aacquire(
                 raise busy(info)
         else:
             with source.waiters.subscribe_async(request.key, request.owner) as wake:
-                sent_at = clock.now()
-                info = await _shielded(store, request, queue=True)
+                started, sent_at, info = await _afirst_attempt(source.waiters, store, request)
                 mine = request.taken(info)
                 if mine is None:
-                    plan = WaitPlan(request, wait, sent_at, info)
+                    plan = WaitPlan(request, wait, sent_at, info, started)
                     sent_at, mine = await _await(source, store, plan, wake, keep)
                     request = plan.request
         if plan is None:

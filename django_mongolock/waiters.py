@@ -4,7 +4,9 @@ A waiter subscribes to its key and sleeps on an event with a back-off timeout; a
 release in this process (and, through the watcher, anywhere) sets the events of that
 key only, so the waiters try again at once instead of at their next poll. A release
 that handed the lock to a waiter says so (a ``Handoff``): that waiter holds it already
-and need not try again.
+and need not try again. The registry also remembers which keys were lately found busy
+(``lately_busy``), so that a blocking acquire of such a key joins the line with its
+first request.
 """
 
 from __future__ import annotations
@@ -13,13 +15,21 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-__all__ = ["AsyncWake", "Handoff", "Waiters", "Wake"]
+from django_mongolock import clock
+
+__all__ = ["BUSY_FOR", "BUSY_KEYS", "AsyncWake", "Handoff", "Waiters", "Wake"]
+
+# How long a key found busy counts as lately busy, and how many such keys are kept (the
+# oldest forgotten first): a process contending for a key often does so again soon.
+BUSY_FOR = 30.0
+BUSY_KEYS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +139,32 @@ class _LoopEvent:
 
 
 class Waiters:
-    """Per-key wake-up events shared by all threads of one process."""
+    """Per-key wake-up events shared by all threads of one process, and the keys
+    lately found busy (``lately_busy``)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._mutex = threading.Lock()
         self._events: dict[str, set[_Wakeable]] = {}
+        self._busy: OrderedDict[str, float] = OrderedDict()
+
+    def lately_busy(self, key: str) -> bool:
+        """Whether an acquire in this process found ``key`` busy (or others in line
+        behind it) in the last ``BUSY_FOR`` seconds."""
+        with self._mutex:
+            at = self._busy.get(key)
+        return at is not None and clock.now() - at < BUSY_FOR
+
+    def found(self, key: str, *, busy: bool) -> None:
+        """Note what an acquire of ``key`` found: busy (or contended), or free."""
+        with self._mutex:
+            if not busy:
+                self._busy.pop(key, None)
+                return
+            self._busy[key] = clock.now()
+            self._busy.move_to_end(key)
+            if len(self._busy) > BUSY_KEYS:
+                self._busy.popitem(last=False)
 
     @contextmanager
     def subscribe(self, key: str, owner: str = "") -> Iterator[Wake]:

@@ -53,6 +53,10 @@ def test_a_streamed_waiter_sleeps_until_the_lease_ends_but_never_past_its_timeou
     # The stream was healthy before the attempt: a release wakes the waiter, so the timer
     # is the holder's lease end, cut to the caller's timeout.
     assert plan.wake_at(stream_since=99.0, now=100.5) == 102.0
+    # The wait counts from the acquire's first request, not the one that joined the line.
+    later = WaitPlan(_request(), 2.0, 100.5, _info(remaining=20.0), started=100.0)
+    assert later.wake_at(stream_since=99.0, now=100.5) == 102.0
+    assert later.wake_at(stream_since=99.0, now=102.0) is None
     unlimited = WaitPlan(_request(), None, 100.0, _info(remaining=20.0))
     wake_at = unlimited.wake_at(stream_since=99.0, now=100.5)
     assert wake_at is not None
