@@ -122,11 +122,11 @@ def _first_attempt(
         info = store.acquire(**request.arguments(queue=False))
         if request.taken(info) is not None:
             return started, started, info
-        waiters.found(request.key, busy=True)
+        waiters.found_busy(request.key)
     sent_at = clock.now()
     info = store.acquire(**request.arguments(queue=True))
-    if queued:
-        waiters.found(request.key, busy=_contended(request, info))
+    if queued and _contended(request, info):
+        waiters.found_busy(request.key)
     return started, sent_at, info
 
 
@@ -140,11 +140,11 @@ async def _afirst_attempt(
         info = await _shielded(store, request, queue=False)
         if request.taken(info) is not None:
             return started, started, info
-        waiters.found(request.key, busy=True)
+        waiters.found_busy(request.key)
     sent_at = clock.now()
     info = await _shielded(store, request, queue=True)
-    if queued:
-        waiters.found(request.key, busy=_contended(request, info))
+    if queued and _contended(request, info):
+        waiters.found_busy(request.key)
     return started, sent_at, info
 
 

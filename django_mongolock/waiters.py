@@ -149,18 +149,20 @@ class Waiters:
         self._busy: OrderedDict[str, float] = OrderedDict()
 
     def lately_busy(self, key: str) -> bool:
-        """Whether an acquire in this process found ``key`` busy (or others in line
-        behind it) in the last ``BUSY_FOR`` seconds."""
+        """Whether an acquire found ``key`` busy (or others in line behind it) in the
+        last ``BUSY_FOR`` seconds."""
         with self._mutex:
             at = self._busy.get(key)
         return at is not None and clock.now() - at < BUSY_FOR
 
-    def found(self, key: str, *, busy: bool) -> None:
-        """Note what an acquire of ``key`` found: busy (or contended), or free."""
+    def found_busy(self, key: str) -> None:
+        """Note that an acquire found ``key`` busy (or took it with others in line).
+
+        Only time forgets it: a key contended for now and then is often found free in
+        between, and each acquire that forgot it too soon would pay a second request
+        when the key is busy again.
+        """
         with self._mutex:
-            if not busy:
-                self._busy.pop(key, None)
-                return
             self._busy[key] = clock.now()
             self._busy.move_to_end(key)
             if len(self._busy) > BUSY_KEYS:

@@ -92,7 +92,7 @@ def test_a_retried_acquire_in_line_keeps_one_place(
     holder = retrying.acquire("job", ttl=30)
     # Lately busy: the first request of the next acquire is the one that joins the line,
     # and its reply is the one lost.
-    retrying.waiters.found("job", busy=True)
+    retrying.waiters.found_busy("job")
     lose_next_reply()
     with pytest.raises(LockNotAcquired):
         retrying.acquire("job", timeout=0.3)
