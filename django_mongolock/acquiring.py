@@ -80,7 +80,10 @@ def acquire(
                 mine = request.taken(info)
                 if mine is None:
                     plan = WaitPlan(request, wait, sent_at, info, started)
-                    sent_at, mine = _wait(source, store, plan, wake, keep)
+                    try:
+                        sent_at, mine = _wait(source, store, plan, wake, keep)
+                    finally:
+                        source.waiters.found_busy(request.key)  # busy until now
                     request = plan.request
         if plan is None:
             first = first_lease(mine, request)
@@ -117,16 +120,13 @@ def _first_attempt(
     joins the line with the first request, as a waiter's every later attempt does.
     """
     started = clock.now()
-    queued = waiters.lately_busy(request.key)
-    if not queued:
+    if not waiters.lately_busy(request.key):
         info = store.acquire(**request.arguments(queue=False))
-        if request.taken(info) is not None:
+        if _noted(waiters, request, info):
             return started, started, info
-        waiters.found_busy(request.key)
     sent_at = clock.now()
     info = store.acquire(**request.arguments(queue=True))
-    if queued and _contended(request, info):
-        waiters.found_busy(request.key)
+    _noted(waiters, request, info)
     return started, sent_at, info
 
 
@@ -135,23 +135,24 @@ async def _afirst_attempt(
 ) -> tuple[float, float, LockInfo]:
     """``_first_attempt`` for coroutines."""
     started = clock.now()
-    queued = waiters.lately_busy(request.key)
-    if not queued:
+    if not waiters.lately_busy(request.key):
         info = await _shielded(store, request, queue=False)
-        if request.taken(info) is not None:
+        if _noted(waiters, request, info):
             return started, started, info
-        waiters.found_busy(request.key)
     sent_at = clock.now()
     info = await _shielded(store, request, queue=True)
-    if queued and _contended(request, info):
-        waiters.found_busy(request.key)
+    _noted(waiters, request, info)
     return started, sent_at, info
 
 
-def _contended(request: Request, info: LockInfo) -> bool:
-    """Whether the attempt that answered ``info`` found the key busy, or took it with
-    others waiting behind: the key is likely busy at this manager's next acquire too."""
-    return request.taken(info) is None or info.waiting > 0
+def _noted(waiters: Waiters, request: Request, info: LockInfo) -> bool:
+    """Whether the attempt that answered ``info`` took the key; a key it found busy, or
+    took with others waiting (a shared request may enter past shared waiters), is noted
+    as lately busy: it likely is at this manager's next acquire too."""
+    taken = request.taken(info) is not None
+    if not taken or info.waiting:
+        waiters.found_busy(request.key)
+    return taken
 
 
 @events.waited
@@ -277,7 +278,10 @@ async def aacquire(
                 mine = request.taken(info)
                 if mine is None:
                     plan = WaitPlan(request, wait, sent_at, info, started)
-                    sent_at, mine = await _await(source, store, plan, wake, keep)
+                    try:
+                        sent_at, mine = await _await(source, store, plan, wake, keep)
+                    finally:
+                        source.waiters.found_busy(request.key)  # busy until now
                     request = plan.request
         if plan is None:
             first = first_lease(mine, request)

@@ -156,7 +156,8 @@ class Waiters:
         return at is not None and clock.now() - at < BUSY_FOR
 
     def found_busy(self, key: str) -> None:
-        """Note that an acquire found ``key`` busy (or took it with others in line).
+        """Note that an acquire found ``key`` busy, waited for it, or took it with
+        others in line.
 
         Only time forgets it: a key contended for now and then is often found free in
         between, and each acquire that forgot it too soon would pay a second request

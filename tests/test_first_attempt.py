@@ -145,6 +145,21 @@ def test_a_key_found_busy_stays_remembered_when_the_second_request_takes_it(
     assert recorded.waiters.lately_busy("first-freed")
 
 
+def test_a_wait_keeps_the_key_remembered_until_it_ends(
+    recorded: RecordedManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key stays busy for as long as a waiter waits on it: its memory counts from the
+    wait's end, not from the first request."""
+    monkeypatch.setattr(waiters, "BUSY_FOR", 0.8)
+    holder = other.acquire("first-waited", ttl=30)
+    try:
+        with pytest.raises(LockNotAcquired):
+            recorded.acquire("first-waited", timeout=1.5)
+        assert recorded.waiters.lately_busy("first-waited")
+    finally:
+        holder.release()
+
+
 def test_the_keys_lately_found_busy_are_bounded_in_number_and_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -90,6 +90,7 @@ class TcpProxy:
         self._links: set[_Link] = set()
         # Connections accepted but not yet linked (their server side still connecting).
         self._accepting: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -205,13 +206,16 @@ class TcpProxy:
         # Every connection is reset before the listener is waited for: from Python 3.12
         # on, ``wait_closed`` also waits for the connections it accepted to close.
         # A connection still being linked is reset too: left to a loop that stops, its
-        # transport would be collected open.
+        # transport would be collected open. One accepted as the listener closed may not
+        # have reached ``_accept`` yet: it sees ``_closing`` there, or after connecting.
+        self._closing = True
         if self._server is not None:
             self._server.close()
-        accepting = list(self._accepting)
-        for task in accepting:
-            task.cancel()
-        await asyncio.gather(*accepting, return_exceptions=True)
+        while accepting := list(self._accepting):
+            for task in accepting:
+                task.cancel()
+            await asyncio.gather(*accepting, return_exceptions=True)
+            await asyncio.sleep(0)
         self._reset_all()
         if self._server is not None:
             await self._server.wait_closed()
@@ -248,7 +252,7 @@ class TcpProxy:
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Connect to the target and start forwarding (or reset the connection at once)."""
-        if self._mode == "reset":
+        if self._mode == "reset" or self._closing:
             self.resets += 1
             _reset(writer)
             return
@@ -257,6 +261,10 @@ class TcpProxy:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             _reset(writer)
+            return
+        if self._closing:
+            _reset(writer)
+            _reset(up_writer)
             return
         link = _Link(writer, up_writer, origin)
         self._links.add(link)
