@@ -160,6 +160,60 @@ def test_a_wait_keeps_the_key_remembered_until_it_ends(
         holder.release()
 
 
+def test_a_request_without_the_line_takes_a_free_key_only_when_nobody_is_in_line(
+    manager: LockManager,
+) -> None:
+    """A request without a place in line writes the line as empty when it takes the key:
+    so it may take the key only when no live place is left, whatever its owner. Its own
+    place at the head of the line does not make a free key its own (a request for the
+    head's turn queues); lapsed places do not hold it back, and are cleared."""
+    key = "first-no-line"
+    store = manager.store
+    holder = manager.acquire(key, ttl=30)
+    head, behind = "web.1:1:00000000000a", "web.1:1:00000000000b"
+    for place, owner in enumerate((head, behind)):
+        assert store.acquire(key, owner, 30.0, queue=True).position == place
+    assert holder.release()  # handed to the head: free the key by hand, line kept
+    store.collection.update_one(
+        {"_id": key},
+        [
+            {
+                "$set": {
+                    "owner": None,
+                    "expires_at": "$$NOW",
+                    "waiters": [
+                        {"owner": head, "until": {"$add": ["$$NOW", 30_000]}, "at": "$$NOW"},
+                        {"owner": behind, "until": {"$add": ["$$NOW", 30_000]}, "at": "$$NOW"},
+                    ],
+                }
+            }
+        ],
+    )
+    before = store.collection.find_one({"_id": key})
+    assert before is not None
+    for owner in (head, behind, "web.1:1:00000000000c"):
+        answer = store.acquire(key, owner, 30.0)
+        assert (answer.owner, answer.waiting) == ("", 2), owner
+    assert store.collection.find_one({"_id": key}) == before  # nothing written
+
+    # The head asks for its turn with its place: it takes the key, the line kept.
+    taken = store.acquire(key, head, 30.0, queue=True)
+    assert (taken.owner, taken.waiting) == (head, 1)
+    assert store.release(key, head, taken.token, contended=True)
+
+    # Only lapsed places left: a request without the line takes the key and clears them.
+    store.collection.update_one(
+        {"_id": key},
+        [{"$set": {"owner": None, "expires_at": "$$NOW", "waiters.until": None}}],
+    )
+    mine = store.acquire(key, "web.1:1:00000000000d", 30.0)
+    assert (mine.owner, mine.waiting) == ("web.1:1:00000000000d", 0)
+    doc = store.collection.find_one({"_id": key})
+    assert doc is not None
+    assert doc["waiters"] == []
+    assert doc["token"] > taken.token
+
+
 def test_the_keys_lately_found_busy_are_bounded_in_number_and_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -71,7 +71,8 @@ class Acquire:
 
 
 # The acquire command's variables: the owner, the lease in seconds and in milliseconds,
-# the shared limit, the live waiters (q) and live shared holders (h) before the update.
+# the shared limit, the live waiters (q, but for an exclusive request that does not
+# queue) and live shared holders (h) before the update.
 _ME: Final = "$$me"
 _LEASE_END: Final = {"$add": ["$$NOW", "$$ttl_ms"]}
 
@@ -180,7 +181,7 @@ def _acquire_command(
 ) -> tuple[tuple[RawBSONDocument, ...], RawBSONDocument]:
     """The pipeline and projection of one kind of acquire, BSON-encoded once."""
     extra = {name: f"$$tag{n}" for n, name in enumerate(tag_names)}
-    waiters = without(_ME)
+    waiters: Any = without(_ME)
     variables: dict[str, Any] = {"q": LIVE_WAITERS}
     if shared:
         variables["h"] = LIVE_HOLDERS
@@ -237,6 +238,23 @@ def _acquire_command(
             {"$gte": [{"$size": "$$h"}, MAX_HOLDERS]},
         ]
     else:
+        # A request that does not queue takes the key only when no live place is in
+        # line, whoever its owner is (even the head's: it asks for its turn queueing).
+        # The line it leaves is then empty and written as such (as ``kept`` would have
+        # it), with none of the line's expressions for the server to parse: they were
+        # most of what a non-blocking acquire sent.
+        if queue:
+            my_turn = {
+                "$or": [
+                    {"$eq": [{"$size": "$$q"}, 0]},
+                    {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
+                ]
+            }
+        else:
+            # Looked at once, and only when the key is free: no variable needed.
+            my_turn = {"$eq": [{"$size": LIVE_WAITERS}, 0]}
+            del variables["q"]
+            waiters = []
         taken = {
             "_id": "$_id",
             "key": "$_id",
@@ -253,12 +271,6 @@ def _acquire_command(
         # A missing expires_at sorts below every date, so a fresh upsert takes the lock;
         # shared leases keep the top-level expires_at at the latest of them.
         free = {"$lte": ["$expires_at", "$$NOW"]}
-        my_turn = {
-            "$or": [
-                {"$eq": [{"$size": "$$q"}, 0]},
-                {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, _ME]},
-            ]
-        }
         projection = dict(PROJECTION)
         refused = []
     if queue:
@@ -289,7 +301,7 @@ def _acquire_command(
             "default": busy,
         }
     }
-    stage = {"$replaceWith": {"$let": {"vars": variables, "in": decide}}}
+    stage = {"$replaceWith": {"$let": {"vars": variables, "in": decide}} if variables else decide}
     return (RawBSONDocument(bson.encode(stage)),), RawBSONDocument(bson.encode(projection))
 
 
@@ -306,12 +318,13 @@ def acquire(
 
     Exclusive: free when no lease (exclusive or shared) is live, and the caller is first
     in line (or the line is empty), so a releaser cannot grab its lock straight back
-    from those who waited. Shared: free when no exclusive lease is live and only shared
-    waiters are ahead in line (the readers in line enter together; none passes a writer),
-    within ``limit`` counting the live holders and those ahead. With ``queue`` (a
-    blocking acquirer), a caller that does not get the key joins the line, unless it is
-    full. Changes nothing for a request whose acquisition has ended (a late duplicate),
-    nor, shared, for a limit other than the live holders' or a full list of holders.
+    from those who waited; without ``queue``, only when nobody is in line. Shared: free
+    when no exclusive lease is live and only shared waiters are ahead in line (the
+    readers in line enter together; none passes a writer), within ``limit`` counting
+    the live holders and those ahead. With ``queue`` (a blocking acquirer), a caller
+    that does not get the key joins the line, unless it is full. Changes nothing for a
+    request whose acquisition has ended (a late duplicate), nor, shared, for a limit
+    other than the live holders' or a full list of holders.
     """
     tags = tags or {}
     pipeline, projection = _acquire_command(queue, shared, limit is not None, tuple(tags))
