@@ -35,7 +35,7 @@ from django_mongolock.store import LockStore
 from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
 from tests.test_targeting import RecordedManager, Recorder, Sent
-from tests.waiting import stream_open
+from tests.waiting import stream_open, streams_open
 
 # How long a waiter in line or a test waits for anything at most (never reached when green).
 BOUND = 60.0
@@ -136,8 +136,8 @@ def test_a_release_hands_the_lock_to_the_head_of_the_line_across_processes(
         )
         second, second_owner = _join(context, mongolock_url, manager.database, key, locks, results)
         assert _line(locks, key) == [first_owner, second_owner]
-        # Let both waiters' change streams open (they wait on them, not on a timer).
-        time.sleep(1.0)
+        # Both waiters' change streams are open (they wait on them, not on a timer).
+        streams_open(locks, 2)
         assert holder.release()
         handed = locks.find_one({"_id": key})
         assert handed is not None
@@ -232,7 +232,7 @@ def test_tokens_grow_and_sections_never_overlap_through_many_handoffs(
                 context, mongolock_url, manager.database, key, locks, results, hold=0.05
             )
             processes.append(process)
-        time.sleep(1.0)
+        streams_open(locks, 4)
         assert holder.release()
         got = sorted(_results(results, 4), key=lambda result: result["got"])
     for process in processes:
@@ -257,7 +257,7 @@ def test_a_handed_lock_is_extended_to_its_ttl(manager: LockManager, other: LockM
         thread = threading.Thread(target=wait)
         thread.start()
         _until(lambda key=key: bool(_status(manager, key).waiting))
-        time.sleep(1.0)  # the waiter's stream is open
+        streams_open(other.store.collection, 1)  # the waiter's
         holder.release()
         thread.join(BOUND)
         [lock] = box

@@ -42,6 +42,28 @@ def stream_open(manager: LockManager, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def streams_open(collection: Any, count: int, timeout: float = 60.0) -> None:
+    """Wait (bounded) until the server has at least ``count`` change streams open on
+    ``collection`` (a pymongo collection): those of waiters in other processes, whose
+    managers a test cannot ask. Idle cursors count, between two of a stream's getMores."""
+    admin = collection.database.client.admin
+    namespace = f"{collection.database.name}.{collection.name}"
+    stages = [
+        {"$currentOp": {"allUsers": True, "idleCursors": True}},
+        {
+            "$match": {
+                "ns": namespace,
+                "cursor.originatingCommand.pipeline.0.$changeStream": {"$exists": True},
+            }
+        },
+    ]
+    until(
+        lambda: len(list(admin.aggregate(stages))) >= count,
+        timeout,
+        f"{count} change stream(s) open on {namespace}",
+    )
+
+
 def until(check: Callable[[], object], timeout: float, what: str) -> float:
     """Poll ``check`` until true (bounded); how long it took."""
     started = time.monotonic()

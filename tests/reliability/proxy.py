@@ -123,6 +123,11 @@ class TcpProxy:
     def mode(self) -> Mode:
         return self._mode
 
+    @property
+    def pending(self) -> int:
+        """Accepted connections not yet linked: their connect to the target is pending."""
+        return len(self._accepting)
+
     def set_mode(self, mode: Mode, delay: float = 0.0) -> None:
         """Switch every connection, open or new, to ``mode`` (``delay`` seconds for ``delay``)."""
         if mode not in MODES:

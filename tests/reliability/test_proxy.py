@@ -138,11 +138,11 @@ def test_stopping_resets_a_connection_still_connecting_to_the_target() -> None:
         client = stack.enter_context(socket.create_connection(("127.0.0.1", proxy.port)))
         client.settimeout(10)
         deadline = time.monotonic() + 10
-        while not proxy._accepting:  # accepted, its connection to the target pending
+        while not proxy.pending:  # accepted, its connection to the target pending
             assert time.monotonic() < deadline, "the proxy never accepted the client"
             time.sleep(0.01)
         time.sleep(0.2)
-        assert proxy._accepting, "the connection to the target did not hang"
+        assert proxy.pending, "the connection to the target did not hang"
         gc.collect()  # what earlier tests left is not this test's to judge
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
