@@ -44,8 +44,11 @@ def stream_open(manager: LockManager, timeout: float = 60.0) -> None:
 
 def streams_open(collection: Any, count: int, timeout: float = 60.0) -> None:
     """Wait (bounded) until the server has at least ``count`` change streams open on
-    ``collection`` (a pymongo collection): those of waiters in other processes, whose
-    managers a test cannot ask. Idle cursors count, between two of a stream's getMores."""
+    ``collection`` (a pymongo collection), for waiters in other processes, whose
+    managers a test cannot ask. Every change-stream cursor on the namespace counts
+    (idle ones too, between two of a stream's getMores, and those of a killed process
+    until the server times them out): use it where only the waiters open streams.
+    Needs the ``inprog`` privilege (the test servers run without access control)."""
     admin = collection.database.client.admin
     namespace = f"{collection.database.name}.{collection.name}"
     stages = [
