@@ -181,8 +181,15 @@ def _acquire_command(
 ) -> tuple[tuple[RawBSONDocument, ...], RawBSONDocument]:
     """The pipeline and projection of one kind of acquire, BSON-encoded once."""
     extra = {name: f"$$tag{n}" for n, name in enumerate(tag_names)}
-    waiters: Any = without(_ME)
-    variables: dict[str, Any] = {"q": LIVE_WAITERS}
+    # Only a request that may join the line, or a shared one (a reader may enter past
+    # the shared waiters ahead of it), reads the line. An exclusive request that does
+    # not queue takes the key only when no live place is in line, whoever its owner is
+    # (even the head's: it asks for its turn queueing), and then leaves the line empty,
+    # as ``kept`` would have it: none of the line's expressions, which were most of what
+    # it sent.
+    lined = queue or shared
+    variables: dict[str, Any] = {"q": LIVE_WAITERS} if lined else {}
+    waiters: Any = without(_ME) if lined else []
     if shared:
         variables["h"] = LIVE_HOLDERS
         entry = {
@@ -238,11 +245,6 @@ def _acquire_command(
             {"$gte": [{"$size": "$$h"}, MAX_HOLDERS]},
         ]
     else:
-        # A request that does not queue takes the key only when no live place is in
-        # line, whoever its owner is (even the head's: it asks for its turn queueing).
-        # The line it leaves is then empty and written as such (as ``kept`` would have
-        # it), with none of the line's expressions for the server to parse: they were
-        # most of what a non-blocking acquire sent.
         if queue:
             my_turn = {
                 "$or": [
@@ -253,8 +255,6 @@ def _acquire_command(
         else:
             # Looked at once, and only when the key is free: no variable needed.
             my_turn = {"$eq": [{"$size": LIVE_WAITERS}, 0]}
-            del variables["q"]
-            waiters = []
         taken = {
             "_id": "$_id",
             "key": "$_id",
