@@ -182,11 +182,11 @@ def _acquire_command(
     """The pipeline and projection of one kind of acquire, BSON-encoded once."""
     extra = {name: f"$$tag{n}" for n, name in enumerate(tag_names)}
     # Only a request that may join the line, or a shared one (a reader may enter past
-    # the shared waiters ahead of it), reads the line. An exclusive request that does
-    # not queue takes the key only when no live place is in line, whoever its owner is
-    # (even the head's: it asks for its turn queueing), and then leaves the line empty,
-    # as ``kept`` would have it: none of the line's expressions, which were most of what
-    # it sent.
+    # the shared waiters ahead of it), binds the line to ``$$q`` and writes it back
+    # rewritten. An exclusive request that does not queue takes the key only when no
+    # live place is in line, whoever its owner is (even the head's: it asks for its
+    # turn queueing), and then leaves the line empty, as ``kept`` would have it:
+    # without the variable or the rewritten line, which would be most of the request.
     lined = queue or shared
     variables: dict[str, Any] = {"q": LIVE_WAITERS} if lined else {}
     waiters: Any = without(_ME) if lined else []
