@@ -254,10 +254,10 @@ def test_a_handed_lock_is_extended_to_its_ttl(manager: LockManager, other: LockM
         def wait(key: str = key, refresh: bool = refresh, box: list[Any] = box) -> None:
             box.append(other.acquire(key, ttl=30, timeout=BOUND, refresh=refresh))
 
+        stream_open(other)  # the waiter's manager's, before it lines up
         thread = threading.Thread(target=wait)
         thread.start()
         _until(lambda key=key: bool(_status(manager, key).waiting))
-        streams_open(other.store.collection, 1)  # the waiter's
         holder.release()
         thread.join(BOUND)
         [lock] = box
