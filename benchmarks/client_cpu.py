@@ -1,0 +1,375 @@
+"""What one uncontended cycle costs the calling thread's CPU, layer by layer, beside the floor.
+
+``python -m benchmarks.client_cpu [BLOCKS [CYCLES]]`` (default 12 blocks of 500 cycles):
+in one thread, five ways of taking and releasing a random key out of 1,000 take turns,
+cycle by cycle (in an order shuffled every cycle), so that all five meet the same
+moments of a shared machine:
+
+* ``ours``: ``LockManager.acquire(key, blocking=False)`` and ``release()``, with the
+  manager's defaults: everything a caller's thread runs;
+* ``ours, no limit``: the same with the operation limit lifted around the cycle
+  (``lifted``, whose patch, a microsecond or two, is timed with it). A reference for
+  what the limit costs, not a configuration the manager offers: the limit is what keeps
+  a lock call from hanging;
+* ``store alone``: the same manager's store, ``acquire`` and ``release``: the one write
+  each, with its limit, and the reply read into a ``LockInfo``, without the lease, the
+  refresher, the deadline watch, the signals or the observers; and ``store alone, no
+  limit``;
+* ``floor``: the raw driver's lock (``benchmarks.contenders``).
+
+Each cycle is timed by the thread's CPU clock (``time.thread_time_ns``), and its
+voluntary context switches counted (``getrusage(RUSAGE_THREAD)``, Linux). Per block, the
+mean per cycle; the table gives the median over blocks (min to max), and each way's
+difference to the floor taken block by block. Every cycle must take its key: a refused
+one stops the probe.
+
+``python -m benchmarks.client_cpu --only WAY [CYCLES]`` (default 1,000 cycles) runs one
+way alone (``ours``, ``unlimited``, ``store``, ``store-unlimited`` or ``floor``), for a
+tracer or a profiler of the calling thread: for example ``strace -c`` (without ``-f``,
+the main thread only) or ``py-spy record``.
+
+``python -m benchmarks.client_cpu --processes [N [ROUNDS [SECONDS]]]`` (default 4
+processes, 6 rounds of 3 s) is the shape of the many-keys workload: N processes try
+random keys out of 1,000 and release at once, with ours, the floor and the floor on a
+collection with ours' TTL index taking turns by round. Per acquisition, the CPU of the
+processes (every thread) and of the server, a ``mongod`` of this host: where two cores
+are shared by clients and server, their sum sets the rate.
+
+Against the server in ``MONGOLOCK_URL``, or a development server started for the run.
+See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any, Final
+
+from pymongo import MongoClient
+
+from benchmarks.contenders import DATABASE, TTL, Spec, build
+from benchmarks.idle_streams import local_mongod, server_cpu
+from benchmarks.servers import mongo_server
+from django_mongolock import LockManager, LockNotAcquired, mongo
+
+__all__ = ["main", "measure", "report"]
+
+KEYS: Final = 1000
+WAYS: Final = ("ours", "unlimited", "store", "store-unlimited", "floor")
+LABELS: Final = {
+    "ours": "ours",
+    "unlimited": "ours, no limit",
+    "store": "store alone",
+    "store-unlimited": "store alone, no limit",
+    "floor": "floor",
+}
+COLLECTION: Final = "client-cpu"
+# Bounds every wait on a worker process.
+BOUND: Final = 120.0
+
+Cycle = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def lifted() -> Iterator[None]:
+    """No operation limit inside: ``mongo.operation_limit`` patched to 0, so that the store
+    enters ``pymongo.timeout(0)``, which sets no deadline and keeps the client's
+    ``timeoutMS`` from applying. Process-wide while inside: a refresher write that runs
+    meanwhile is unlimited too."""
+    limit = mongo.operation_limit
+    mongo.operation_limit = lambda options: 0.0
+    try:
+        yield
+    finally:
+        mongo.operation_limit = limit
+
+
+def _refused(way: str, key: str) -> RuntimeError:
+    # A key still held (by a run killed within the lease) would make a cycle cheaper.
+    return RuntimeError(f"{way}: {key!r} was refused; every cycle must take its key")
+
+
+@contextlib.contextmanager
+def _ways(url: str) -> Iterator[dict[str, Cycle]]:
+    """The ways' cycles, on one manager and the floor's own client."""
+    with contextlib.ExitStack() as stack:
+        manager = stack.enter_context(
+            LockManager(url, database=DATABASE, collection=COLLECTION, ttl=TTL)
+        )
+        floor = build(Spec("floor", "floor", url, collection=f"{COLLECTION}-floor"))
+        stack.callback(floor.close)
+        store = manager.store
+
+        def ours(key: str) -> None:
+            try:
+                manager.acquire(key, blocking=False).release()
+            except LockNotAcquired:
+                raise _refused("ours", key) from None
+
+        def unlimited(key: str) -> None:
+            with lifted():
+                ours(key)
+
+        def alone(key: str) -> None:
+            owner = manager.new_owner()
+            info = store.acquire(key, owner, TTL)
+            if info.owner != owner:
+                raise _refused("store", key)
+            store.release(key, owner, info.token)
+
+        def alone_unlimited(key: str) -> None:
+            with lifted():
+                alone(key)
+
+        def floored(key: str) -> None:
+            handle = floor.try_acquire(key)
+            if handle is None:
+                raise _refused("floor", key)
+            floor.release(handle)
+
+        yield {
+            "ours": ours,
+            "unlimited": unlimited,
+            "store": alone,
+            "store-unlimited": alone_unlimited,
+            "floor": floored,
+        }
+
+
+def _key() -> str:
+    return f"k{random.randrange(KEYS)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A way's cost per cycle over one block: the thread's CPU time (µs) and its
+    voluntary context switches."""
+
+    cpu: float
+    switches: float
+
+
+def measure(url: str, blocks: int, cycles: int) -> dict[str, list[Usage]]:
+    """Per way, per block, what a cycle cost. A first block warms the connections up and
+    is left out.
+
+    The CPU time is the thread's CPU clock, which counts the running slice up to the
+    moment it is read: a way's work after its last reply is its own, not the next way's
+    (the thread's ``getrusage`` times would move only at its next sleep or tick).
+    """
+    usage: dict[str, list[Usage]] = {way: [] for way in WAYS}
+    order = list(WAYS)
+    clock = time.thread_time_ns
+    with _ways(url) as ways:
+        for block in range(blocks + 1):
+            spent = dict.fromkeys(WAYS, 0)
+            switched = dict.fromkeys(WAYS, 0)
+            for _ in range(cycles):
+                random.shuffle(order)  # no way follows the same one every time
+                for way in order:
+                    cycle, key = ways[way], _key()
+                    slept = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+                    started = clock()
+                    cycle(key)
+                    spent[way] += clock() - started
+                    switched[way] += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - slept
+            if block:
+                for way in WAYS:
+                    usage[way].append(Usage(spent[way] / cycles / 1e3, switched[way] / cycles))
+    return usage
+
+
+def _span(values: Sequence[float], digits: int = 0) -> str:
+    middle = statistics.median(values)
+    return f"{middle:,.{digits}f} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
+
+
+def report(usage: dict[str, list[Usage]]) -> list[str]:
+    """A markdown table: each way's cost per cycle and its difference to the floor's,
+    taken block by block."""
+    floor = usage["floor"]
+    lines = [
+        "| way | CPU µs/cycle | above the floor, µs | voluntary switches/cycle |",
+        "|---|---|---|---|",
+    ]
+    for way in WAYS:
+        mine = usage[way]
+        above = [m.cpu - f.cpu for m, f in zip(mine, floor, strict=True)]
+        lines.append(
+            f"| {LABELS[way]} | {_span([m.cpu for m in mine])} "
+            f"| {_span(above) if way != 'floor' else ''} "
+            f"| {_span([m.switches for m in mine], 2)} |"
+        )
+    return lines
+
+
+def _trying(spec: Spec, seconds: float, ready: Barrier, out: Queue[Any]) -> None:
+    """One process of the many-keys shape: acquisitions, and its CPU (s) meanwhile. It
+    takes one key before the round starts, so that its connections are up by then."""
+    lock = build(spec)
+    try:
+        handle = lock.try_acquire(_key())
+        if handle is not None:
+            lock.release(handle)
+        ready.wait(BOUND)  # every worker, and the parent reading the server's CPU
+        before, began, acquired = resource.getrusage(resource.RUSAGE_SELF), time.monotonic(), 0
+        while time.monotonic() - began < seconds:
+            handle = lock.try_acquire(_key())
+            if handle is not None:
+                lock.release(handle)
+                acquired += 1
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        out.put((acquired, cpu))
+        ready.wait(BOUND)  # the parent reads the server's CPU before anyone closes
+    finally:
+        lock.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One lock's round of the many-keys shape: acquisitions/s, and the client processes'
+    and the server's CPU per acquisition (µs)."""
+
+    rate: float
+    client: float
+    server: float
+
+
+def _processes_round(spec: Spec, processes: int, seconds: float, server: int) -> Round:
+    context = multiprocessing.get_context("spawn")
+    ready, out = context.Barrier(processes + 1), context.Queue()
+    workers = [
+        context.Process(target=_trying, args=(spec, seconds, ready, out)) for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        ready.wait(BOUND)
+        served = server_cpu(server)
+        done = [out.get(timeout=BOUND + seconds) for _ in workers]
+        served = server_cpu(server) - served
+        ready.wait(BOUND)
+        for worker in workers:
+            worker.join(BOUND)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(BOUND)
+        out.close()
+    acquired = sum(n for n, _ in done)
+    if not acquired:
+        raise RuntimeError(f"{spec.label}: no process took a key in {seconds:g} s")
+    client = sum(cpu for _, cpu in done)
+    return Round(acquired / seconds, client / acquired * 1e6, served / acquired * 1e6)
+
+
+def processes(url: str, count: int, rounds: int, seconds: float) -> dict[str, list[Round]]:
+    """The many-keys shape: per lock, its rounds, the locks taking turns."""
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(url) as client:
+        server = local_mongod(client)
+        client[DATABASE][f"{COLLECTION}-ttl"].create_index("expires_at", expireAfterSeconds=3600)
+    with LockManager(url, database=DATABASE, collection=COLLECTION) as manager:
+        manager.ensure_indexes()
+    specs = {
+        "floor": Spec("floor", "floor", url, collection=f"{COLLECTION}-floor"),
+        "floor + TTL index": Spec("ttl", "floor", url, collection=f"{COLLECTION}-ttl"),
+        "ours": Spec("ours", "ours", url, collection=COLLECTION, blocking=False),
+    }
+    rows: dict[str, list[Round]] = {label: [] for label in specs}
+    labels = list(specs)
+    for number in range(rounds):
+        turn = number % len(labels)
+        for label in labels[turn:] + labels[:turn]:
+            rows[label].append(_processes_round(specs[label], count, seconds, server))
+    return rows
+
+
+def processes_report(rows: dict[str, list[Round]]) -> list[str]:
+    """A markdown table: medians of the rounds, then ours against the floor that keeps the
+    same index, round by round: what the code adds."""
+    lines = [
+        "| lock | acquisitions/s | client CPU µs/acquisition | server CPU µs/acquisition | both |",
+        "|---|---|---|---|---|",
+    ]
+    for label, measured in rows.items():
+        lines.append(
+            f"| {label} | {_span([r.rate for r in measured])} "
+            f"| {_span([r.client for r in measured])} | {_span([r.server for r in measured])} "
+            f"| {_span([r.client + r.server for r in measured])} |"
+        )
+    paired = list(zip(rows["ours"], rows["floor + TTL index"], strict=True))
+    lines.append(
+        "| ours above the floor + TTL index (by round) "
+        f"| {_span([m.rate / f.rate for m, f in paired], 2)}x "
+        f"| {_span([m.client - f.client for m, f in paired])} "
+        f"| {_span([m.server - f.server for m, f in paired])} "
+        f"| {_span([m.client + m.server - f.client - f.server for m, f in paired])} |"
+    )
+    return lines
+
+
+def _only(url: str, way: str, cycles: int) -> str:
+    """``cycles`` of one way, for a tracer or a profiler."""
+    with _ways(url) as ways:
+        for _ in range(cycles):
+            ways[way](_key())
+    return f"{cycles} cycles of {LABELS[way]}"
+
+
+USAGE: Final = "[BLOCKS [CYCLES]], --only WAY [CYCLES] or --processes [N [ROUNDS [SECONDS]]]"
+
+
+def _arguments(argv: Sequence[str]) -> tuple[str, list[int]]:
+    """The mode (a way for ``--only``, ``--processes`` or empty) and its numbers."""
+    mode, rest, most = "", list(argv), 2
+    if rest[:1] == ["--only"]:
+        if len(rest) < 2 or rest[1] not in WAYS:
+            raise SystemExit(f"--only takes one of {', '.join(WAYS)}")
+        mode, rest, most = rest[1], rest[2:], 1
+    elif rest[:1] == ["--processes"]:
+        mode, rest, most = rest[0], rest[1:], 3
+    if len(rest) > most or not all(a.isdigit() and int(a) > 0 for a in rest):
+        raise SystemExit(f"expected {USAGE}, not {' '.join(argv)!r}")
+    return mode, [int(a) for a in rest]
+
+
+def _run(url: str, mode: str, numbers: list[int]) -> list[str]:
+    if mode == "--processes":
+        count, rounds, seconds = (numbers + [4, 6, 3][len(numbers) :])[:3]
+        head = f"{count} processes, {rounds} rounds of {seconds} s"
+        return [head, *processes_report(processes(url, count, rounds, seconds))]
+    if mode:
+        return [_only(url, mode, numbers[0] if numbers else 1000)]
+    blocks, cycles = (numbers + [12, 500][len(numbers) :])[:2]
+    return [f"{blocks} blocks of {cycles} cycles", *report(measure(url, blocks, cycles))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    mode, numbers = _arguments(sys.argv[1:] if argv is None else argv)
+    with mongo_server() as server:
+        try:
+            print(f"MongoDB {server.version} ({server.topology})")
+            print("\n".join(_run(server.url, mode, numbers)))
+        finally:
+            cleaner: MongoClient[dict[str, Any]]
+            with MongoClient(server.url) as cleaner:
+                for name in cleaner[DATABASE].list_collection_names():
+                    if name.startswith(COLLECTION):
+                        cleaner[DATABASE].drop_collection(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
