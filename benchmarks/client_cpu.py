@@ -45,7 +45,6 @@ import contextlib
 import multiprocessing
 import random
 import resource
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,7 +57,9 @@ from pymongo import MongoClient
 
 from benchmarks.contenders import DATABASE, TTL, Spec, build
 from benchmarks.idle_streams import local_mongod, server_cpu
+from benchmarks.markdown import span, table, x
 from benchmarks.servers import mongo_server
+from benchmarks.workloads import deployed, ttl_indexed
 from django_mongolock import LockManager, LockNotAcquired, mongo
 
 __all__ = ["main", "measure", "report"]
@@ -188,28 +189,24 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[Usage]]:
     return usage
 
 
-def _span(values: Sequence[float], digits: int = 0) -> str:
-    middle = statistics.median(values)
-    return f"{middle:,.{digits}f} ({min(values):,.{digits}f} to {max(values):,.{digits}f})"
-
-
 def report(usage: dict[str, list[Usage]]) -> list[str]:
     """A markdown table: each way's cost per cycle and its difference to the floor's,
     taken block by block."""
     floor = usage["floor"]
-    lines = [
-        "| way | CPU µs/cycle | above the floor, µs | voluntary switches/cycle |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for way in WAYS:
         mine = usage[way]
         above = [m.cpu - f.cpu for m, f in zip(mine, floor, strict=True)]
-        lines.append(
-            f"| {LABELS[way]} | {_span([m.cpu for m in mine])} "
-            f"| {_span(above) if way != 'floor' else ''} "
-            f"| {_span([m.switches for m in mine], 2)} |"
+        rows.append(
+            [
+                LABELS[way],
+                span([m.cpu for m in mine]),
+                span(above) if way != "floor" else "",
+                span([m.switches for m in mine], 2),
+            ]
         )
-    return lines
+    header = ["way", "CPU µs/cycle", "above the floor, µs", "voluntary switches/cycle"]
+    return table(header, rows)
 
 
 def _trying(spec: Spec, seconds: float, ready: Barrier, out: Queue[Any]) -> None:
@@ -279,9 +276,8 @@ def processes(url: str, count: int, rounds: int, seconds: float) -> dict[str, li
     client: MongoClient[dict[str, Any]]
     with MongoClient(url) as client:
         server = local_mongod(client)
-        client[DATABASE][f"{COLLECTION}-ttl"].create_index("expires_at", expireAfterSeconds=3600)
-    with LockManager(url, database=DATABASE, collection=COLLECTION) as manager:
-        manager.ensure_indexes()
+    ttl_indexed(url, f"{COLLECTION}-ttl")
+    deployed(url, COLLECTION)
     specs = {
         "floor": Spec("floor", "floor", url, collection=f"{COLLECTION}-floor"),
         "floor + TTL index": Spec("ttl", "floor", url, collection=f"{COLLECTION}-ttl"),
@@ -300,24 +296,27 @@ def processes_report(rows: dict[str, list[Round]]) -> list[str]:
     """A markdown table: medians of the rounds, then ours against the floor that keeps the
     same index, round by round: what the code adds."""
     lines = [
-        "| lock | acquisitions/s | client CPU µs/acquisition | server CPU µs/acquisition | both |",
-        "|---|---|---|---|---|",
+        [
+            label,
+            span([r.rate for r in measured]),
+            span([r.client for r in measured]),
+            span([r.server for r in measured]),
+            span([r.client + r.server for r in measured]),
+        ]
+        for label, measured in rows.items()
     ]
-    for label, measured in rows.items():
-        lines.append(
-            f"| {label} | {_span([r.rate for r in measured])} "
-            f"| {_span([r.client for r in measured])} | {_span([r.server for r in measured])} "
-            f"| {_span([r.client + r.server for r in measured])} |"
-        )
     paired = list(zip(rows["ours"], rows["floor + TTL index"], strict=True))
     lines.append(
-        "| ours above the floor + TTL index (by round) "
-        f"| {_span([m.rate / f.rate for m, f in paired], 2)}x "
-        f"| {_span([m.client - f.client for m, f in paired])} "
-        f"| {_span([m.server - f.server for m, f in paired])} "
-        f"| {_span([m.client + m.server - f.client - f.server for m, f in paired])} |"
+        [
+            "ours above the floor + TTL index (by round)",
+            span([m.rate / f.rate for m, f in paired], cell=x),
+            span([m.client - f.client for m, f in paired]),
+            span([m.server - f.server for m, f in paired]),
+            span([m.client + m.server - f.client - f.server for m, f in paired]),
+        ]
     )
-    return lines
+    header = ["lock", "acquisitions/s", "client CPU µs/acquisition", "server CPU µs/acquisition"]
+    return table([*header, "both"], lines)
 
 
 def _only(url: str, way: str, cycles: int) -> str:

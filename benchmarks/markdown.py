@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-__all__ = ["change", "median", "pct", "table", "x"]
+__all__ = ["change", "median", "pct", "span", "table", "x"]
 
 
 def x(value: float, digits: int = 2) -> str:
@@ -33,3 +33,11 @@ def median(values: Sequence[float]) -> float:
         return math.nan
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def span(
+    values: Sequence[float], digits: int = 0, cell: Callable[[float], str] | None = None
+) -> str:
+    """A figure measured once per round: its median, then its range, ``12 (10 to 15)``."""
+    show = cell or (lambda value: f"{value:,.{digits}f}")
+    return f"{show(median(values))} ({show(min(values))} to {show(max(values))})"

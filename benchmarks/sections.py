@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from benchmarks.goals import INSTRUMENTATION_GOAL
 from benchmarks.labels import FLOOR_TTL, OURS, REDIS
-from benchmarks.markdown import change, median, pct, table, x
+from benchmarks.markdown import change, median, pct, span, table, x
 from benchmarks.stats import ms, ratio
 
 __all__ = [
@@ -163,8 +163,8 @@ def refresh(data: dict[str, Any]) -> list[str]:
         ours, floor = timings["ours"], timings["floor"]
         cells = [
             f"{int(size):,}",
-            f"{ms(median(ours), 1)} ({ms(min(ours), 1)} to {ms(max(ours), 1)})",
-            f"{ms(median(floor), 1)} ({ms(min(floor), 1)} to {ms(max(floor), 1)})",
+            span(ours, cell=lambda value: ms(value, 1)),
+            span(floor, cell=lambda value: ms(value, 1)),
             x(ratio(median(ours), median(floor))),
         ]
         if redis is not None:

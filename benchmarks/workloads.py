@@ -21,7 +21,18 @@ from benchmarks.stats import ratio, spread, summary
 from benchmarks.workers import Job, Pool
 from django_mongolock import LockManager
 
-__all__ = ["FULL", "HOLD", "PROCESSES", "QUICK", "WORKLOADS", "Bench", "Plan", "say"]
+__all__ = [
+    "FULL",
+    "HOLD",
+    "PROCESSES",
+    "QUICK",
+    "WORKLOADS",
+    "Bench",
+    "Plan",
+    "deployed",
+    "say",
+    "ttl_indexed",
+]
 
 PROCESSES: Final = 4
 HOLD: Final = 0.005
@@ -88,6 +99,19 @@ QUICK: Final = Plan(
 )
 
 
+def deployed(url: str, collection: str) -> None:
+    """Ours' collection as deployed: its indexes made, as ``migrate_mongolock`` makes them."""
+    with LockManager(url, database=DATABASE, collection=collection) as manager:
+        manager.ensure_indexes()
+
+
+def ttl_indexed(url: str, collection: str) -> None:
+    """A floor's collection with the TTL index on ``expires_at`` that ours has."""
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(url) as client:
+        client[DATABASE][collection].create_index("expires_at", expireAfterSeconds=3600)
+
+
 @dataclass
 class Bench:
     """What every workload needs: the plan, the servers and the worker pool."""
@@ -106,8 +130,7 @@ class Bench:
 
     def ours(self, collection: str, label: str = report.OURS, **options: Any) -> Spec:
         spec = self.spec(label, "ours", collection, **options)
-        with LockManager(self.mongo.url, database=DATABASE, collection=collection) as manager:
-            manager.ensure_indexes()  # as deployed: after migrate_mongolock
+        deployed(self.mongo.url, collection)
         return spec
 
     def floor_with_ttl(self, collection: str) -> Spec:
@@ -116,11 +139,7 @@ class Bench:
         A reference row, not a target: it shows what the index that purges the documents
         of crashed holders costs any MongoDB lock, whatever its code.
         """
-        client: MongoClient[dict[str, Any]] = MongoClient(self.mongo.url)
-        try:
-            client[DATABASE][collection].create_index("expires_at", expireAfterSeconds=3600)
-        finally:
-            client.close()
+        ttl_indexed(self.mongo.url, collection)
         return self.spec(report.FLOOR_TTL, "floor", collection)
 
     def peers(self, collection: str) -> list[Spec]:

@@ -8,30 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
 from benchmarks import client_cpu
 from benchmarks.contenders import DATABASE, Spec, build
 from django_mongolock import LockManager, mongo
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store.holder import HolderQueries
-
-
-class _Commands(monitoring.CommandListener):
-    """The commands a client sent on the probe's lock collection, as sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command.get(event.command_name) == client_cpu.COLLECTION:
-            self.sent.append(dict(event.command))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+from tests.commands import Recorder
 
 
 @pytest.fixture
@@ -51,7 +35,7 @@ def probe_collections(mongolock_url: str) -> Iterator[None]:
 def test_the_reference_without_a_limit_sends_none_and_puts_the_limit_back(
     mongolock_url: str, probe_collections: None
 ) -> None:
-    commands = _Commands()
+    commands = Recorder()
     client: MongoClient[dict[str, Any]] = MongoClient(
         mongolock_url, timeoutMS=5000, event_listeners=[commands]
     )
@@ -68,8 +52,9 @@ def test_the_reference_without_a_limit_sends_none_and_puts_the_limit_back(
         manager.close()
         client.close()
     assert mongo.operation_limit is original
-    assert len(commands.sent) == 6  # an acquire and a release each time
-    limited, lifted, again = commands.sent[:2], commands.sent[2:4], commands.sent[4:]
+    sent = [s.command for s in commands.on(DATABASE, client_cpu.COLLECTION)]
+    assert len(sent) == 6  # an acquire and a release each time
+    limited, lifted, again = sent[:2], sent[2:4], sent[4:]
     assert all("maxTimeMS" in command for command in limited + again)
     assert not any("maxTimeMS" in command for command in lifted)
 
@@ -153,7 +138,8 @@ def test_the_report_takes_each_way_above_the_floor_block_by_block() -> None:
         "| ours | 1,350 (1,300 to 1,500) | 250 (200 to 300) | 2.00 (2.00 to 2.00) |"
     )
     assert table[4].startswith("| store alone | 1,100 (1,000 to 1,300) | 0 (0 to 0) |")
-    assert table[-1] == "| floor | 1,100 (1,000 to 1,300) |  | 2.00 (2.00 to 2.00) |"
+    assert table[6] == "| floor | 1,100 (1,000 to 1,300) |  | 2.00 (2.00 to 2.00) |"
+    assert table[7:] == [""]
 
 
 def test_the_many_keys_shape_counts_clients_and_server(
@@ -171,7 +157,10 @@ def test_the_many_keys_shape_counts_clients_and_server(
         assert len(rounds) == 1
         assert all(r.rate > 0 and r.client > 0 and r.server > 0 for r in rounds), label
     table = client_cpu.processes_report(rows)
-    assert table[-1].startswith("| ours above the floor + TTL index (by round) |")
+    assert table[-2].startswith("| ours above the floor + TTL index (by round) | ")
+    rate = table[-2].split(" | ")[1]  # ours' rate over the floor's, as a ratio
+    assert rate.endswith("x)")
+    assert float(rate.split("x")[0]) > 0
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest
 
 from django_mongolock import LockManager, LockNotAcquired, clock, waiters
 from django_mongolock.waiters import Waiters
-from tests.test_targeting import RecordedManager, Recorder
+from tests.commands import RecordedManager, Recorder
 
 
 @pytest.fixture

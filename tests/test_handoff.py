@@ -34,7 +34,7 @@ from django_mongolock.queries import (
 from django_mongolock.store import LockStore
 from django_mongolock.waiters import Wake, _LoopEvent
 from django_mongolock.watcher import Watcher
-from tests.test_targeting import RecordedManager, Recorder, Sent
+from tests.commands import RecordedManager, Recorder, Sent
 from tests.waiting import stream_open, streams_open
 
 # How long a waiter in line or a test waits for anything at most (never reached when green).

@@ -18,7 +18,7 @@ import pytest
 from django_mongolock import LockManager, LockNotAcquired, MongoLockError, queries
 from django_mongolock.exceptions import LimitConflict, LineFull
 from django_mongolock.queries import MAX_HOLDERS, MAX_WAITERS
-from tests.test_targeting import RecordedManager, Recorder
+from tests.commands import RecordedManager, Recorder
 from tests.waiting import in_line
 
 # -- edge 1: readers in line enter together ------------------------------------------------------

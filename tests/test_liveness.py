@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
 from django_mongolock import LockManager, clock
 from django_mongolock.info import process_of, processes_of
 from django_mongolock.queries import HEARTBEAT_SLACK
 from django_mongolock.refresher import get_refresher
+from tests.commands import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -219,40 +220,23 @@ def test_audit_text_that_looks_like_an_operator_is_kept_as_text(
     assert (entry.key, entry.owner, entry.reason, entry.by) == (text, lock.owner, text, text)
 
 
-class _Finds(monitoring.CommandListener):
-    """The collections that ``find`` commands were sent to, in order."""
-
-    def __init__(self) -> None:
-        self.collections: list[str] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "find":
-            self.collections.append(str(event.command["find"]))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
 def test_a_page_costs_one_liveness_query_whatever_its_size(
     mongolock_url: str, manager: LockManager, other: LockManager
 ) -> None:
     for n in range(60):
         other.acquire(f"k{n:02}", ttl=30)
     manager.store.heartbeat({f"host-{n}:1" for n in range(3)}, 10.0)
-    listener = _Finds()
+    listener = Recorder()
     client: MongoClient[Any] = MongoClient(mongolock_url, event_listeners=[listener])
     try:
         watched = LockManager(client=client, database=manager.database)
         page = watched.list("all", limit=50)
         assert len(page) == 50
-        assert listener.collections == ["locks", "locks.processes"]
+        assert [find["find"] for find in listener.named("find")] == ["locks", "locks.processes"]
         assert {info.holder_alive for info in page} == {None}  # other's process: no heartbeat
-        listener.collections.clear()
+        listener.clear()
         assert watched.status("k00") is not None
-        assert listener.collections == ["locks", "locks.processes"]
+        assert [find["find"] for find in listener.named("find")] == ["locks", "locks.processes"]
     finally:
         client.close()
 

@@ -14,16 +14,14 @@ stream is one cursor per shard, by design).
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from pymongo import monitoring
 
 from django_mongolock import LockManager, LockNotAcquired
 from django_mongolock.refresher import get_refresher
+from tests.commands import RecordedManager, Recorder, Sent
 
 # Commands that read the whole collection by design: the operator's listings and counts
 # (admin, CLI), and index upkeep (migrate_mongolock). Named, not targeted.
@@ -37,49 +35,6 @@ FILTERS = {
     "update": lambda c: [u["q"] for u in c["updates"]],
     "delete": lambda c: [d["q"] for d in c["deletes"]],
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    name: str
-    database: str
-    command: dict[str, Any]
-
-    @property
-    def collection(self) -> str | None:
-        value = self.command.get(self.name)
-        return value if isinstance(value, str) else None
-
-
-class Recorder(monitoring.CommandListener):
-    """Every command the clients of one manager sent (sync and async alike)."""
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        self._mutex = threading.Lock()
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        with self._mutex:
-            self.sent.append(Sent(event.command_name, event.database_name, dict(event.command)))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-    def on(self, database: str, collection: str) -> list[Sent]:
-        with self._mutex:
-            return [s for s in self.sent if s.database == database and s.collection == collection]
-
-
-class RecordedManager(LockManager):
-    """A LockManager whose clients report every command to ``recorder``."""
-
-    recorder: Recorder
-
-    def _client_options(self) -> dict[str, Any]:
-        return {**super()._client_options(), "event_listeners": [self.recorder]}
 
 
 def keys_named(query: dict[str, Any]) -> set[str] | None:
