@@ -35,6 +35,13 @@ collection with ours' TTL index taking turns by round. Per acquisition, the CPU 
 processes (every thread) and of the server, a ``mongod`` of this host: where two cores
 are shared by clients and server, their sum sets the rate.
 
+``python -m benchmarks.client_cpu --replayed [BLOCKS [CYCLES]]`` (default 6 blocks of
+2,000 cycles) runs the whole call with the manager's store answering from a reply it
+recorded from the server (``replayed``): the layers above the store, with no I/O. Three
+orders: cycles back to back (what the code costs with everything in the CPU's caches),
+each after a floor cycle (as in a real cycle, where the driver's work comes between),
+and each after a sleep of 0.5 ms. Per block, the median per cycle.
+
 Against the server in ``MONGOLOCK_URL``, or a development server started for the run.
 See docs/performance.md.
 """
@@ -42,9 +49,12 @@ See docs/performance.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import random
 import resource
+import secrets
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,7 +65,7 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
-from benchmarks.contenders import DATABASE, TTL, Spec, build
+from benchmarks.contenders import DATABASE, TTL, Contender, Spec, build
 from benchmarks.idle_streams import local_mongod, server_cpu
 from benchmarks.markdown import span, table, x
 from benchmarks.servers import mongo_server
@@ -100,14 +110,21 @@ def _refused(way: str, key: str) -> RuntimeError:
 
 
 @contextlib.contextmanager
-def _ways(url: str) -> Iterator[dict[str, Cycle]]:
-    """The ways' cycles, on one manager and the floor's own client."""
+def _contenders(url: str) -> Iterator[tuple[LockManager, Contender]]:
+    """One manager and the floor, on its own client."""
     with contextlib.ExitStack() as stack:
         manager = stack.enter_context(
             LockManager(url, database=DATABASE, collection=COLLECTION, ttl=TTL)
         )
         floor = build(Spec("floor", "floor", url, collection=f"{COLLECTION}-floor"))
         stack.callback(floor.close)
+        yield manager, floor
+
+
+@contextlib.contextmanager
+def _ways(url: str) -> Iterator[dict[str, Cycle]]:
+    """The ways' cycles, on one manager and the floor's own client."""
+    with _contenders(url) as (manager, floor):
         store = manager.store
 
         def ours(key: str) -> None:
@@ -207,6 +224,74 @@ def report(usage: dict[str, list[Usage]]) -> list[str]:
         )
     header = ["way", "CPU µs/cycle", "above the floor, µs", "voluntary switches/cycle"]
     return table(header, rows)
+
+
+@contextlib.contextmanager
+def replayed(manager: LockManager) -> Iterator[None]:
+    """Inside, the manager's store answers every exclusive acquire and release at once,
+    from a reply it recorded from the server: the layers above the store run as they do,
+    with no I/O. A reference for what those layers cost, not a way to take a lock."""
+    store = manager.store
+    owner, key = manager.new_owner(), f"replayed-{secrets.token_hex(4)}"
+    reply = store.acquire(key, owner, TTL)
+    if reply.owner != owner:
+        raise _refused("replayed", key)
+    store.release(key, owner, reply.token)
+
+    def acquire(**arguments: Any) -> Any:
+        return dataclasses.replace(reply, key=arguments["key"], owner=arguments["owner"])
+
+    def release(*arguments: Any, **options: Any) -> bool:
+        return True
+
+    # Instance attributes shadow the store's methods for this store alone.
+    vars(store).update(acquire=acquire, release=release)
+    try:
+        yield
+    finally:
+        for name in ("acquire", "release"):
+            vars(store).pop(name)
+
+
+ORDERS: Final = ("back to back", "after a floor cycle", "after a 0.5 ms sleep")
+
+
+def measure_replayed(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
+    """Per order, per block, the median thread CPU (µs) of one replayed cycle. A first
+    block warms up and is left out."""
+    medians: dict[str, list[float]] = {order: [] for order in ORDERS}
+    clock = time.thread_time_ns
+    with _contenders(url) as (manager, floor):
+
+        def floored() -> None:
+            handle = floor.try_acquire(_key())
+            if handle is None:
+                raise _refused("floor", "a random key")
+            floor.release(handle)
+
+        between: dict[str, Callable[[], None]] = {
+            ORDERS[0]: lambda: None,
+            ORDERS[1]: floored,
+            ORDERS[2]: lambda: time.sleep(0.0005),
+        }
+        with replayed(manager):
+            for block in range(blocks + 1):
+                for order in ORDERS:
+                    spent = []
+                    for _ in range(cycles):
+                        between[order]()
+                        started = clock()
+                        manager.acquire("replayed", blocking=False).release()
+                        spent.append(clock() - started)
+                    if block:
+                        medians[order].append(statistics.median(spent) / 1e3)
+    return medians
+
+
+def replayed_report(medians: dict[str, list[float]]) -> list[str]:
+    """A markdown table: each order's median per cycle, over blocks."""
+    rows = [[order, span(medians[order], 1)] for order in ORDERS]
+    return table(["order", "CPU µs/cycle, store replayed"], rows)
 
 
 def _trying(spec: Spec, seconds: float, ready: Barrier, out: Queue[Any]) -> None:
@@ -327,11 +412,15 @@ def _only(url: str, way: str, cycles: int) -> str:
     return f"{cycles} cycles of {LABELS[way]}"
 
 
-USAGE: Final = "[BLOCKS [CYCLES]], --only WAY [CYCLES] or --processes [N [ROUNDS [SECONDS]]]"
+USAGE: Final = (
+    "[BLOCKS [CYCLES]], --replayed [BLOCKS [CYCLES]], --only WAY [CYCLES] "
+    "or --processes [N [ROUNDS [SECONDS]]]"
+)
 
 
 def _arguments(argv: Sequence[str]) -> tuple[str, list[int]]:
-    """The mode (a way for ``--only``, ``--processes`` or empty) and its numbers."""
+    """The mode (a way for ``--only``, ``--processes``, ``--replayed`` or empty) and its
+    numbers."""
     mode, rest, most = "", list(argv), 2
     if rest[:1] == ["--only"]:
         if len(rest) < 2 or rest[1] not in WAYS:
@@ -339,6 +428,8 @@ def _arguments(argv: Sequence[str]) -> tuple[str, list[int]]:
         mode, rest, most = rest[1], rest[2:], 1
     elif rest[:1] == ["--processes"]:
         mode, rest, most = rest[0], rest[1:], 3
+    elif rest[:1] == ["--replayed"]:
+        mode, rest = rest[0], rest[1:]
     if len(rest) > most or not all(a.isdigit() and int(a) > 0 for a in rest):
         raise SystemExit(f"expected {USAGE}, not {' '.join(argv)!r}")
     return mode, [int(a) for a in rest]
@@ -349,6 +440,10 @@ def _run(url: str, mode: str, numbers: list[int]) -> list[str]:
         count, rounds, seconds = (numbers + [4, 6, 3][len(numbers) :])[:3]
         head = f"{count} processes, {rounds} rounds of {seconds} s"
         return [head, *processes_report(processes(url, count, rounds, seconds))]
+    if mode == "--replayed":
+        blocks, cycles = (numbers + [6, 2000][len(numbers) :])[:2]
+        measured = measure_replayed(url, blocks, cycles)
+        return [f"{blocks} blocks of {cycles} cycles", *replayed_report(measured)]
     if mode:
         return [_only(url, mode, numbers[0] if numbers else 1000)]
     blocks, cycles = (numbers + [12, 500][len(numbers) :])[:2]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from django_mongolock import clock, events
+from django_mongolock import clock, events, forks
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -127,7 +126,7 @@ class Lock(LeaseState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not await self.arelease() and self._pid == os.getpid():
+        if not await self.arelease() and self._pid == forks.pid():
             logger.warning(
                 "lock %r (token %s) was no longer held when its block ended", self.key, self.token
             )
@@ -170,7 +169,7 @@ class Lock(LeaseState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self.release() and self._pid == os.getpid():
+        if not self.release() and self._pid == forks.pid():
             logger.warning(
                 "lock %r (token %s) was no longer held when its block ended", self.key, self.token
             )

@@ -34,8 +34,12 @@ def calls(signal: Signal, sender: object, **named: Any) -> list[Callable[[], Non
     ``Signal.send_robust`` catches ``Exception`` only: a receiver raising ``SystemExit``
     would skip the receivers after it, and one that blocks holds back the rest. Run
     apart (``notices.py`` gives each its own turn), none can stop another. Falls back
-    to one ``send_robust`` call should Django's receiver lookup change.
+    to one ``send_robust`` call should Django's receiver lookup change. A signal with
+    no receiver at all, the usual case outside a project that connects one, costs no
+    lookup (``Signal.send`` skips it alike).
     """
+    if not signal.receivers:
+        return []
     try:
         sync_receivers, async_receivers = signal._live_receivers(sender)
     except Exception:  # pragma: no cover - a Django without the lookup used here

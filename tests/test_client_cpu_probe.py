@@ -32,25 +32,30 @@ def probe_collections(mongolock_url: str) -> Iterator[None]:
         client.close()
 
 
-def test_the_reference_without_a_limit_sends_none_and_puts_the_limit_back(
-    mongolock_url: str, probe_collections: None
-) -> None:
+@pytest.fixture
+def recorded(mongolock_url: str, probe_collections: None) -> Iterator[tuple[LockManager, Recorder]]:
+    """A manager on the probe's collection whose client records every command it sends."""
     commands = Recorder()
     client: MongoClient[dict[str, Any]] = MongoClient(
         mongolock_url, timeoutMS=5000, event_listeners=[commands]
     )
     manager = LockManager(client=client, database=DATABASE, collection=client_cpu.COLLECTION)
+    yield manager, commands
+    manager.close()
+    client.close()
+
+
+def test_the_reference_without_a_limit_sends_none_and_puts_the_limit_back(
+    recorded: tuple[LockManager, Recorder],
+) -> None:
+    manager, commands = recorded
     original = mongo.operation_limit
-    try:
-        manager.acquire("limited", blocking=False).release()
-        with client_cpu.lifted():
-            manager.acquire("lifted", blocking=False).release()
-        with pytest.raises(RuntimeError), client_cpu.lifted():
-            raise RuntimeError("a cycle that failed")
-        manager.acquire("limited again", blocking=False).release()
-    finally:
-        manager.close()
-        client.close()
+    manager.acquire("limited", blocking=False).release()
+    with client_cpu.lifted():
+        manager.acquire("lifted", blocking=False).release()
+    with pytest.raises(RuntimeError), client_cpu.lifted():
+        raise RuntimeError("a cycle that failed")
+    manager.acquire("limited again", blocking=False).release()
     assert mongo.operation_limit is original
     sent = [s.command for s in commands.on(DATABASE, client_cpu.COLLECTION)]
     assert len(sent) == 6  # an acquire and a release each time
@@ -173,6 +178,8 @@ def test_the_many_keys_shape_counts_clients_and_server(
         ["many"],
         ["--processes", "4", "6", "3", "1"],
         ["--only", "ours", "1", "2"],
+        ["--replayed", "6", "2000", "1"],
+        ["--replayed", "none"],
     ],
 )
 def test_bad_arguments_are_refused_by_name(argv: list[str]) -> None:
@@ -185,3 +192,40 @@ def test_good_arguments_choose_the_mode() -> None:
     assert client_cpu._arguments(["3", "100"]) == ("", [3, 100])
     assert client_cpu._arguments(["--only", "store", "50"]) == ("store", [50])
     assert client_cpu._arguments(["--processes", "2"]) == ("--processes", [2])
+    assert client_cpu._arguments(["--replayed"]) == ("--replayed", [])
+    assert client_cpu._arguments(["--replayed", "2", "10"]) == ("--replayed", [2, 10])
+
+
+def test_a_replayed_store_sends_nothing_and_gives_its_methods_back(
+    recorded: tuple[LockManager, Recorder],
+) -> None:
+    manager, commands = recorded
+    store = manager.store
+    with client_cpu.replayed(manager):
+        sent = len(commands.on(DATABASE, client_cpu.COLLECTION))
+        assert sent == 2  # the reply it replays: one acquire and its release
+        for _ in range(3):
+            lock = manager.acquire("replayed", blocking=False, refresh=False)
+            assert lock.key == "replayed"
+            assert lock.release() is True
+        assert len(commands.on(DATABASE, client_cpu.COLLECTION)) == sent
+    with pytest.raises(RuntimeError), client_cpu.replayed(manager):
+        raise RuntimeError("a measure that failed")
+    assert "acquire" not in vars(store)
+    assert "release" not in vars(store)
+    lock = manager.acquire("real", blocking=False, refresh=False)
+    found = store.find("real")  # the server has it
+    assert found is not None
+    assert found.owner == lock.owner
+    assert lock.release() is True
+    assert len(commands.on(DATABASE, client_cpu.COLLECTION)) > sent
+
+
+def test_the_replayed_mode_measures_each_order_block_by_block(
+    mongolock_url: str, probe_collections: None
+) -> None:
+    medians = client_cpu.measure_replayed(mongolock_url, blocks=2, cycles=20)
+    assert set(medians) == set(client_cpu.ORDERS)
+    assert all(len(blocks) == 2 and min(blocks) > 0 for blocks in medians.values())
+    table = client_cpu.replayed_report(medians)
+    assert [row.split(" | ")[0] for row in table[2:5]] == [f"| {o}" for o in client_cpu.ORDERS]
