@@ -37,7 +37,8 @@ are shared by clients and server, their sum sets the rate.
 
 ``python -m benchmarks.client_cpu --replayed [BLOCKS [CYCLES]]`` (default 6 blocks of
 2,000 cycles) runs the whole call with the manager's store answering from a reply it
-recorded from the server (``replayed``): the layers above the store, with no I/O. Three
+recorded from the server (``replayed``): the layers above the store, with no I/O of the
+calling thread's. Three
 orders: cycles back to back (what the code costs with everything in the CPU's caches),
 each after a floor cycle (as in a real cycle, where the driver's work comes between),
 and each after a sleep of 0.5 ms. Per block, the median per cycle.
@@ -70,7 +71,7 @@ from benchmarks.idle_streams import local_mongod, server_cpu
 from benchmarks.markdown import span, table, x
 from benchmarks.servers import mongo_server
 from benchmarks.workloads import deployed, ttl_indexed
-from django_mongolock import LockManager, LockNotAcquired, mongo
+from django_mongolock import LockInfo, LockManager, LockNotAcquired, mongo
 
 __all__ = ["main", "measure", "report"]
 
@@ -238,7 +239,7 @@ def replayed(manager: LockManager) -> Iterator[None]:
         raise _refused("replayed", key)
     store.release(key, owner, reply.token)
 
-    def acquire(**arguments: Any) -> Any:
+    def acquire(**arguments: Any) -> LockInfo:  # the store is called with keywords only
         return dataclasses.replace(reply, key=arguments["key"], owner=arguments["owner"])
 
     def release(*arguments: Any, **options: Any) -> bool:
@@ -251,6 +252,11 @@ def replayed(manager: LockManager) -> Iterator[None]:
     finally:
         for name in ("acquire", "release"):
             vars(store).pop(name)
+
+
+def replayed_cycle(manager: LockManager) -> None:
+    """One cycle of the ``--replayed`` mode: the whole call, with the manager's defaults."""
+    manager.acquire("replayed", blocking=False).release()
 
 
 ORDERS: Final = ("back to back", "after a floor cycle", "after a 0.5 ms sleep")
@@ -281,7 +287,7 @@ def measure_replayed(url: str, blocks: int, cycles: int) -> dict[str, list[float
                     for _ in range(cycles):
                         between[order]()
                         started = clock()
-                        manager.acquire("replayed", blocking=False).release()
+                        replayed_cycle(manager)
                         spent.append(clock() - started)
                     if block:
                         medians[order].append(statistics.median(spent) / 1e3)
@@ -380,7 +386,7 @@ def processes(url: str, count: int, rounds: int, seconds: float) -> dict[str, li
 def processes_report(rows: dict[str, list[Round]]) -> list[str]:
     """A markdown table: medians of the rounds, then ours against the floor that keeps the
     same index, round by round: what the code adds."""
-    lines = [
+    cells = [
         [
             label,
             span([r.rate for r in measured]),
@@ -391,7 +397,7 @@ def processes_report(rows: dict[str, list[Round]]) -> list[str]:
         for label, measured in rows.items()
     ]
     paired = list(zip(rows["ours"], rows["floor + TTL index"], strict=True))
-    lines.append(
+    cells.append(
         [
             "ours above the floor + TTL index (by round)",
             span([m.rate / f.rate for m, f in paired], cell=x),
@@ -400,8 +406,14 @@ def processes_report(rows: dict[str, list[Round]]) -> list[str]:
             span([m.client + m.server - f.client - f.server for m, f in paired]),
         ]
     )
-    header = ["lock", "acquisitions/s", "client CPU µs/acquisition", "server CPU µs/acquisition"]
-    return table([*header, "both"], lines)
+    header = [
+        "lock",
+        "acquisitions/s",
+        "client CPU µs/acquisition",
+        "server CPU µs/acquisition",
+        "both",
+    ]
+    return table(header, cells)
 
 
 def _only(url: str, way: str, cycles: int) -> str:

@@ -19,7 +19,7 @@ from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import InvalidURI
 
-from django_mongolock import forks, relay
+from django_mongolock import relay
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import ConfigurationError, MongoLockError
 from django_mongolock.mongo import redact
@@ -123,7 +123,7 @@ class Connection:
     @property
     def store(self) -> LockStore:
         store = self._store
-        if store is None or self._pid != forks.pid():
+        if store is None or self._pid != os.getpid():
             store = self._connect()
         return store
 
@@ -131,12 +131,12 @@ class Connection:
         with self._build_mutex:
             if self.closed:
                 raise MongoLockError(f"{self.name} is closed")
-            if self._store is not None and self._pid == forks.pid():
+            if self._store is not None and self._pid == os.getpid():
                 return self._store
             given = self._given_client
             self._client = given if given is not None else self._new_client()
             self._store = LockStore(self._client[self.database][self.collection])
-            self._pid = forks.pid()
+            self._pid = os.getpid()
             return self._store
 
     def _new_client(self) -> MongoClient[Any]:
@@ -204,9 +204,9 @@ class Connection:
     def waiters(self) -> Waiters:
         """This process's blocked acquirers, by key (a forked child starts with none)."""
         waiters = self._waiters
-        if waiters.pid != forks.pid():
+        if waiters.pid != os.getpid():
             with self._build_mutex:
-                if self._waiters.pid != forks.pid():
+                if self._waiters.pid != os.getpid():
                     self._waiters = Waiters()
                 waiters = self._waiters
         return waiters
@@ -215,10 +215,10 @@ class Connection:
     def watcher(self) -> Watcher:
         """This process's change stream watcher for the lock collection (started on need)."""
         watcher = self._watcher
-        if watcher is None or watcher.pid != forks.pid():
+        if watcher is None or watcher.pid != os.getpid():
             waiters = self.waiters
             with self._build_mutex:
-                if self._watcher is None or self._watcher.pid != forks.pid():
+                if self._watcher is None or self._watcher.pid != os.getpid():
                     self._watcher = Watcher(
                         lambda: self.store, waiters, self._prefix_of, self._relay
                     )
@@ -236,7 +236,7 @@ class Connection:
     def close(self) -> None:
         """Stop the watcher and close the client built here (a given one stays open)."""
         watcher = self._watcher
-        if watcher is not None and watcher.pid == forks.pid():
+        if watcher is not None and watcher.pid == os.getpid():
             watcher.stop()
         with self._astores_mutex:
             astores, self._astores = self._astores, {}
@@ -245,7 +245,7 @@ class Connection:
                 asyncio.run_coroutine_threadsafe(closer.aclose(), loop)
         with self._build_mutex:
             self.closed = True
-            if self._client is not None and self._given_client is None and self._pid == forks.pid():
+            if self._client is not None and self._given_client is None and self._pid == os.getpid():
                 self._client.close()
             self._client = None
             self._store = None

@@ -25,7 +25,7 @@ import threading
 import weakref
 from typing import Protocol
 
-from django_mongolock import clock, forks
+from django_mongolock import clock
 from django_mongolock.notices import get_notices
 
 __all__ = ["Deadlines", "Lease", "get_deadlines"]
@@ -68,7 +68,7 @@ class Deadlines:
     """The heap of lease deadlines and the thread that acts on them."""
 
     def __init__(self) -> None:
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -198,10 +198,10 @@ def get_deadlines() -> Deadlines:
     """This process's deadline watch (a forked child gets its own, watching nothing)."""
     global _deadlines
     deadlines = _deadlines
-    if deadlines is not None and deadlines.pid == forks.pid():
+    if deadlines is not None and deadlines.pid == os.getpid():
         return deadlines
     with _mutex:
-        if _deadlines is None or _deadlines.pid != forks.pid():
+        if _deadlines is None or _deadlines.pid != os.getpid():
             _deadlines = Deadlines()
         return _deadlines
 

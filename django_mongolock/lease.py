@@ -8,12 +8,13 @@ made under the lease's own mutex, and a loss is announced once, whoever finds it
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django_mongolock import clock, events, forks
+from django_mongolock import clock, events
 from django_mongolock.deadlines import get_deadlines
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -87,7 +88,7 @@ class LeaseState:
         self._expiry = info.expires_at
         self._expiry_deadline = self._deadline
         self._released = False
-        self._pid = forks.pid()
+        self._pid = os.getpid()
         self._mutex = threading.Lock()
         # Why it was lost (for check()), the hooks to call the moment it is, and how many
         # reentrant acquisitions hold it (see LockManager.acquire(reentrant=True)).
@@ -102,7 +103,7 @@ class LeaseState:
 
         Always False in a process forked from the holder: the lock is its parent's.
         """
-        if self._released or self._lost or self._pid != forks.pid():
+        if self._released or self._lost or self._pid != os.getpid():
             return False
         now = clock.now()
         if now >= self._deadline:
@@ -116,7 +117,7 @@ class LeaseState:
 
         One local check, no I/O: cheap enough to call between any two steps of the work.
         """
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             reason = f"it belongs to process {self._pid}, not to this forked child"
         elif self._lost:
             reason = self._loss or "it was lost"
@@ -144,7 +145,7 @@ class LeaseState:
         the refresher or the holder's thread, so it must be quick and must not block.
         Returns False, and keeps nothing, when the lock is already lost or released.
         """
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             return False
         with self._mutex:
             if self._lost or self._released:
@@ -156,7 +157,7 @@ class LeaseState:
 
     def remove_loss_hook(self, hook: Callable[[], object]) -> None:
         """Forget a hook given to ``add_loss_hook`` (nothing if it is not there)."""
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             return
         with self._mutex:
             if self._hooks is not None and hook in self._hooks:
@@ -167,7 +168,7 @@ class LeaseState:
         """Set once the lock is lost: check it (``is_set()``) or wait on it (``wait(t)``)."""
         event = self._lost_event
         if event is None:
-            if self._pid != forks.pid():
+            if self._pid != os.getpid():
                 # A forked child: the parent's lock was never this process's. No mutex here,
                 # it may have been held by a thread of the parent at the fork.
                 event = threading.Event()
@@ -238,14 +239,14 @@ class LeaseState:
     def add_hold(self) -> bool:
         """One more reentrant acquisition of this handle; False if it is no longer valid."""
         with self._mutex:
-            if self._lost or self._released or self._pid != forks.pid():
+            if self._lost or self._released or self._pid != os.getpid():
                 return False
             self._holds += 1
             return True
 
     def _drop_hold(self) -> bool:
         """Count down an inner release of a re-entered lock; False for the outermost one."""
-        if self._holds == 1 or self._pid != forks.pid():
+        if self._holds == 1 or self._pid != os.getpid():
             return False
         with self._mutex:
             if self._holds == 1 or self._released:
@@ -285,12 +286,12 @@ class LeaseState:
             raise LockLost(self.key, self.owner, self.token, "it was released")
         if self._lost:
             raise LockLost(self.key, self.owner, self.token, "it was lost before")
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             raise LockLost(self.key, self.owner, self.token, f"it belongs to process {self._pid}")
 
     def take_release(self) -> bool:
         """Mark released once, in the holder's process only; False if that was done already."""
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             return False  # before the mutex: a fork may have copied it locked
         with self._mutex:
             if self._released:
@@ -337,7 +338,7 @@ class LeaseState:
         after the receivers have run. ``inline`` runs the notices in the caller's thread
         (the holder's own ``refresh()`` or ``release()``); the engine's threads post them.
         """
-        if self._pid != forks.pid():
+        if self._pid != os.getpid():
             return False
         with self._mutex:
             if self._lost:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from django_mongolock import clock, events, forks
+from django_mongolock import clock, events
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
@@ -126,7 +127,7 @@ class Lock(LeaseState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not await self.arelease() and self._pid == forks.pid():
+        if not await self.arelease() and self._pid == os.getpid():
             logger.warning(
                 "lock %r (token %s) was no longer held when its block ended", self.key, self.token
             )
@@ -169,7 +170,7 @@ class Lock(LeaseState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if not self.release() and self._pid == forks.pid():
+        if not self.release() and self._pid == os.getpid():
             logger.warning(
                 "lock %r (token %s) was no longer held when its block ended", self.key, self.token
             )

@@ -25,7 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from django_mongolock import clock, forks
+from django_mongolock import clock
 
 __all__ = ["IDLE", "STUCK", "Notices", "get_notices"]
 
@@ -48,7 +48,7 @@ class Notices:
     """A queue of notices and the threads that run them."""
 
     def __init__(self) -> None:
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self._queue: deque[Callable[[], object]] = deque()
         self._urgent: deque[Callable[[], object]] = deque()
         self._cond = threading.Condition()
@@ -158,10 +158,10 @@ def get_notices() -> Notices:
     """This process's notice runner (a forked child gets its own)."""
     global _notices
     notices = _notices
-    if notices is not None and notices.pid == forks.pid():
+    if notices is not None and notices.pid == os.getpid():
         return notices
     with _mutex:
-        if _notices is None or _notices.pid != forks.pid():
+        if _notices is None or _notices.pid != os.getpid():
             _notices = Notices()
         return _notices
 

@@ -8,8 +8,6 @@ import os
 import secrets
 import socket
 
-from django_mongolock import forks
-
 __all__ = ["host_prefix", "new_owner", "operator", "owner_prefix"]
 
 
@@ -24,7 +22,7 @@ class _OwnerIds:
 
     def __init__(self) -> None:
         self.host = socket.gethostname()
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self.serial = itertools.count(secrets.randbits(48))
 
 
@@ -35,7 +33,7 @@ def _owner_ids() -> _OwnerIds:
     """The ids of this process (a forked child starts its own)."""
     global _ids
     ids = _ids
-    if ids is None or ids.pid != forks.pid():
+    if ids is None or ids.pid != os.getpid():
         ids = _ids = _OwnerIds()
     return ids
 

@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import pymongo
 
-from django_mongolock import clock, forks
+from django_mongolock import clock
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.lanes import Campaign, Lane, Lease, StoreSource
 from django_mongolock.store import LockStore
@@ -47,7 +47,7 @@ class Refresher:
     """
 
     def __init__(self) -> None:
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self._lanes: dict[StoreSource, Lane] = {}
         self._mutex = threading.Lock()
         self._stopping = False
@@ -177,10 +177,10 @@ def get_refresher() -> Refresher:
     """This process's refresher (a forked child gets a fresh one, with no locks)."""
     global _refresher
     refresher = _refresher
-    if refresher is not None and refresher.pid == forks.pid():
+    if refresher is not None and refresher.pid == os.getpid():
         return refresher
     with _mutex:
-        if _refresher is None or _refresher.pid != forks.pid():
+        if _refresher is None or _refresher.pid != os.getpid():
             _refresher = Refresher()
         install()
         return _refresher
@@ -195,7 +195,7 @@ def _forget_in_child() -> None:
 def shutdown() -> None:
     """Stop the lanes and release this process's locks (runs at interpreter exit)."""
     refresher = _refresher
-    if refresher is None or refresher.pid != forks.pid():
+    if refresher is None or refresher.pid != os.getpid():
         return
     refresher.stop()
     refresher.release_all()

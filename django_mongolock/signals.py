@@ -38,9 +38,9 @@ def calls(signal: Signal, sender: object, **named: Any) -> list[Callable[[], Non
     no receiver at all, the usual case outside a project that connects one, costs no
     lookup (``Signal.send`` skips it alike).
     """
-    if not signal.receivers:
-        return []
     try:
+        if not signal.receivers:
+            return []
         sync_receivers, async_receivers = signal._live_receivers(sender)
     except Exception:  # pragma: no cover - a Django without the lookup used here
         return [_guarded(lambda: signal.send_robust(sender, **named), signal)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from django_mongolock import clock, forks
+from django_mongolock import clock
 
 __all__ = ["BUSY_FOR", "BUSY_KEYS", "AsyncWake", "Handoff", "Waiters", "Wake"]
 
@@ -142,7 +143,7 @@ class Waiters:
     lately found busy (``lately_busy``)."""
 
     def __init__(self) -> None:
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self._mutex = threading.Lock()
         self._events: dict[str, set[_Wakeable]] = {}
         self._busy: OrderedDict[str, float] = OrderedDict()

@@ -21,6 +21,7 @@ own, and fall back to one of their own when no leader answers.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
 
-from django_mongolock import clock, forks, mongo, queries, relay
+from django_mongolock import clock, mongo, queries, relay
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.store import LockStore
 from django_mongolock.waiters import Handoff, Waiters
@@ -132,7 +133,7 @@ class Watcher:
         # What went wrong last with the relay, logged once until it changes.
         self._trouble = ""
         self._reopen = threading.Event()
-        self.pid = forks.pid()
+        self.pid = os.getpid()
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,7 +172,7 @@ class Watcher:
                 self._unfiltered = True
                 self._reopen.set()
                 logger.info("waiter %r has a holder id of its own: streaming every handoff", owner)
-        if self.running or self.pid != forks.pid():
+        if self.running or self.pid != os.getpid():
             return
         with self._mutex:
             if self._thread is not None and self._thread.is_alive():

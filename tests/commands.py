@@ -18,6 +18,8 @@ from django_mongolock import LockManager
 
 @dataclass(frozen=True, slots=True)
 class Sent:
+    """One command as sent: its name, its database and its body."""
+
     name: str
     database: str
     command: dict[str, Any]

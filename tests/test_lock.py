@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -295,6 +298,53 @@ def test_a_forked_child_makes_holder_ids_of_its_own(manager: LockManager) -> Non
     os.waitpid(pid, 0)
     assert child.rsplit(":", 2)[1] == str(pid)
     assert child != manager.new_owner() != before
+
+
+def _fork_without_hooks() -> int:
+    """fork(2) called from libc with the GIL held: no Python fork hook runs in the child,
+    as in a uWSGI worker forked in uWSGI's default set-up."""
+    return int(ctypes.PyDLL(None).fork())
+
+
+def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
+    manager: LockManager,
+) -> None:
+    """Every fork check compares the process id asked of the system, not one kept by a
+    fork hook: a worker forked without them makes holder ids of its own, and cannot
+    check, release or refresh its parent's lock."""
+    lock = manager.acquire("hookless", ttl=10)
+    parent_owner = manager.new_owner()
+    read, write = os.pipe()
+    pid = _fork_without_hooks()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            owner = manager.new_owner()
+            try:
+                lock.check()
+                checked = "held"
+            except LockLost as lost:
+                checked = lost.reason
+            released = lock.release()
+            os.write(write, f"{owner}|{checked}|{released}|{lock.valid}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 30.0)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        answer = os.read(read, 1000).decode() if ready else ""
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert answer, "the child forked without hooks did not answer within 30 s"
+    owner, checked, child_released, child_valid = answer.split("|")
+    assert owner.rsplit(":", 2)[1] == str(pid)
+    assert owner.rsplit(":", 2)[1] != parent_owner.rsplit(":", 2)[1]
+    assert "forked child" in checked
+    assert (child_released, child_valid) == ("False", "False")
+    lock.check()  # still the parent's
+    assert lock.release() is True
 
 
 def test_releasing_an_ended_lease_says_so_and_leaves_the_document_alone(
