@@ -38,10 +38,9 @@ are shared by clients and server, their sum sets the rate.
 ``python -m benchmarks.client_cpu --replayed [BLOCKS [CYCLES]]`` (default 6 blocks of
 2,000 cycles) runs the whole call with the manager's store answering from a reply it
 recorded from the server (``replayed``): the layers above the store, with no I/O of the
-calling thread's. Three
-orders: cycles back to back (what the code costs with everything in the CPU's caches),
-each after a floor cycle (as in a real cycle, where the driver's work comes between),
-and each after a sleep of 0.5 ms. Per block, the median per cycle.
+calling thread's. Three orders: cycles back to back (the code run again and again, as
+warm as it gets), each after a floor cycle (as in a real cycle, where the driver's work
+comes between), and each after a sleep of 0.5 ms. Per block, the median per cycle.
 
 Against the server in ``MONGOLOCK_URL``, or a development server started for the run.
 See docs/performance.md.
@@ -229,9 +228,10 @@ def report(usage: dict[str, list[Usage]]) -> list[str]:
 
 @contextlib.contextmanager
 def replayed(manager: LockManager) -> Iterator[None]:
-    """Inside, the manager's store answers every exclusive acquire and release at once,
-    from a reply it recorded from the server: the layers above the store run as they do,
-    with no I/O. A reference for what those layers cost, not a way to take a lock."""
+    """Inside, the manager's store answers every acquire (with the exclusive lock it
+    recorded from the server) and every release at once: the layers above the store run
+    as they do for an exclusive lock, with no I/O. A reference for what those layers
+    cost, not a way to take a lock."""
     store = manager.store
     owner, key = manager.new_owner(), f"replayed-{secrets.token_hex(4)}"
     reply = store.acquire(key, owner, TTL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -303,7 +304,22 @@ def test_a_forked_child_makes_holder_ids_of_its_own(manager: LockManager) -> Non
 def _fork_without_hooks() -> int:
     """fork(2) called from libc with the GIL held: no Python fork hook runs in the child,
     as in a uWSGI worker forked in uWSGI's default set-up."""
-    return int(ctypes.PyDLL(None).fork())
+    libc = ctypes.PyDLL(None, use_errno=True)
+    pid = int(libc.fork())
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    return pid
+
+
+def _reap(pid: int) -> int:
+    """The child's exit code; a child still running is killed first."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
@@ -311,37 +327,43 @@ def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
 ) -> None:
     """Every fork check compares the process id asked of the system, not one kept by a
     fork hook: a worker forked without them makes holder ids of its own, and cannot
-    check, release or refresh its parent's lock."""
-    lock = manager.acquire("hookless", ttl=10)
+    check, refresh or release its parent's lock."""
+    # No refresher thread starts just before the fork: the child runs on one thread.
+    lock = manager.acquire("hookless", ttl=10, refresh=False)
     parent_owner = manager.new_owner()
     read, write = os.pipe()
     pid = _fork_without_hooks()
     if pid == 0:  # pragma: no cover - the child
+        code = 0
         try:
-            owner = manager.new_owner()
-            try:
-                lock.check()
-                checked = "held"
-            except LockLost as lost:
-                checked = lost.reason
-            released = lock.release()
-            os.write(write, f"{owner}|{checked}|{released}|{lock.valid}".encode())
+            found = []
+            for attempt in (lock.check, lock.refresh):
+                try:
+                    attempt()
+                    found.append("held")
+                except LockLost as lost:
+                    found.append(lost.reason)
+            owner, released = manager.new_owner(), lock.release()
+            answer = f"{owner}|{found[0]}|{found[1]}|{released}|{lock.valid}"
+        except BaseException as exc:
+            answer, code = repr(exc), 1
         finally:
-            os._exit(0)
+            os.write(write, answer.encode()[:4000])
+            os._exit(code)
     os.close(write)
     try:
         ready, _, _ = select.select([read], [], [], 30.0)
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-        answer = os.read(read, 1000).decode() if ready else ""
+        answer = os.read(read, 4096).decode() if ready else ""
     finally:
         os.close(read)
-        os.waitpid(pid, 0)
-    assert answer, "the child forked without hooks did not answer within 30 s"
-    owner, checked, child_released, child_valid = answer.split("|")
+        code = _reap(pid)
+    assert ready, "the child forked without hooks did not answer within 30 s"
+    assert code == 0, answer
+    owner, checked, refreshed, child_released, child_valid = answer.split("|")
     assert owner.rsplit(":", 2)[1] == str(pid)
     assert owner.rsplit(":", 2)[1] != parent_owner.rsplit(":", 2)[1]
     assert "forked child" in checked
+    assert "belongs to process" in refreshed
     assert (child_released, child_valid) == ("False", "False")
     lock.check()  # still the parent's
     assert lock.release() is True
