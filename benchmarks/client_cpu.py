@@ -121,6 +121,18 @@ def _contenders(url: str) -> Iterator[tuple[LockManager, Contender]]:
         yield manager, floor
 
 
+def _floor_cycle(floor: Contender) -> Cycle:
+    """The floor's cycle: take ``key`` and release it; a refused key stops the probe."""
+
+    def floored(key: str) -> None:
+        handle = floor.try_acquire(key)
+        if handle is None:
+            raise _refused("floor", key)
+        floor.release(handle)
+
+    return floored
+
+
 @contextlib.contextmanager
 def _ways(url: str) -> Iterator[dict[str, Cycle]]:
     """The ways' cycles, on one manager and the floor's own client."""
@@ -148,11 +160,7 @@ def _ways(url: str) -> Iterator[dict[str, Cycle]]:
             with lifted():
                 alone(key)
 
-        def floored(key: str) -> None:
-            handle = floor.try_acquire(key)
-            if handle is None:
-                raise _refused("floor", key)
-            floor.release(handle)
+        floored = _floor_cycle(floor)
 
         yield {
             "ours": ours,
@@ -268,16 +276,10 @@ def measure_replayed(url: str, blocks: int, cycles: int) -> dict[str, list[float
     medians: dict[str, list[float]] = {order: [] for order in ORDERS}
     clock = time.thread_time_ns
     with _contenders(url) as (manager, floor):
-
-        def floored() -> None:
-            handle = floor.try_acquire(_key())
-            if handle is None:
-                raise _refused("floor", "a random key")
-            floor.release(handle)
-
+        floored = _floor_cycle(floor)
         between: dict[str, Callable[[], None]] = {
             ORDERS[0]: lambda: None,
-            ORDERS[1]: floored,
+            ORDERS[1]: lambda: floored(_key()),
             ORDERS[2]: lambda: time.sleep(0.0005),
         }
         with replayed(manager):
