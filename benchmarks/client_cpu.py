@@ -110,7 +110,7 @@ def _refused(way: str, key: str) -> RuntimeError:
 
 
 @contextlib.contextmanager
-def _contenders(url: str) -> Iterator[tuple[LockManager, Contender]]:
+def manager_and_floor(url: str) -> Iterator[tuple[LockManager, Contender]]:
     """One manager and the floor, on its own client."""
     with contextlib.ExitStack() as stack:
         manager = stack.enter_context(
@@ -121,7 +121,7 @@ def _contenders(url: str) -> Iterator[tuple[LockManager, Contender]]:
         yield manager, floor
 
 
-def _floor_cycle(floor: Contender) -> Cycle:
+def floor_cycle(floor: Contender) -> Cycle:
     """The floor's cycle: take ``key`` and release it; a refused key stops the probe."""
 
     def floored(key: str) -> None:
@@ -136,7 +136,7 @@ def _floor_cycle(floor: Contender) -> Cycle:
 @contextlib.contextmanager
 def _ways(url: str) -> Iterator[dict[str, Cycle]]:
     """The ways' cycles, on one manager and the floor's own client."""
-    with _contenders(url) as (manager, floor):
+    with manager_and_floor(url) as (manager, floor):
         store = manager.store
 
         def ours(key: str) -> None:
@@ -160,7 +160,7 @@ def _ways(url: str) -> Iterator[dict[str, Cycle]]:
             with lifted():
                 alone(key)
 
-        floored = _floor_cycle(floor)
+        floored = floor_cycle(floor)
 
         yield {
             "ours": ours,
@@ -171,7 +171,7 @@ def _ways(url: str) -> Iterator[dict[str, Cycle]]:
         }
 
 
-def _key() -> str:
+def random_key() -> str:
     return f"k{random.randrange(KEYS)}"
 
 
@@ -202,7 +202,7 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[Usage]]:
             for _ in range(cycles):
                 random.shuffle(order)  # no way follows the same one every time
                 for way in order:
-                    cycle, key = ways[way], _key()
+                    cycle, key = ways[way], random_key()
                     slept = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
                     started = clock()
                     cycle(key)
@@ -275,11 +275,11 @@ def measure_replayed(url: str, blocks: int, cycles: int) -> dict[str, list[float
     block warms up and is left out."""
     medians: dict[str, list[float]] = {order: [] for order in ORDERS}
     clock = time.thread_time_ns
-    with _contenders(url) as (manager, floor):
-        floored = _floor_cycle(floor)
+    with manager_and_floor(url) as (manager, floor):
+        floored = floor_cycle(floor)
         between: dict[str, Callable[[], None]] = {
             ORDERS[0]: lambda: None,
-            ORDERS[1]: lambda: floored(_key()),
+            ORDERS[1]: lambda: floored(random_key()),
             ORDERS[2]: lambda: time.sleep(0.0005),
         }
         with replayed(manager):
@@ -307,13 +307,13 @@ def _trying(spec: Spec, seconds: float, ready: Barrier, out: Queue[Any]) -> None
     takes one key before the round starts, so that its connections are up by then."""
     lock = build(spec)
     try:
-        handle = lock.try_acquire(_key())
+        handle = lock.try_acquire(random_key())
         if handle is not None:
             lock.release(handle)
         ready.wait(BOUND)  # every worker, and the parent reading the server's CPU
         before, began, acquired = resource.getrusage(resource.RUSAGE_SELF), time.monotonic(), 0
         while time.monotonic() - began < seconds:
-            handle = lock.try_acquire(_key())
+            handle = lock.try_acquire(random_key())
             if handle is not None:
                 lock.release(handle)
                 acquired += 1
@@ -422,7 +422,7 @@ def _only(url: str, way: str, cycles: int) -> str:
     """``cycles`` of one way, for a tracer or a profiler."""
     with _ways(url) as ways:
         for _ in range(cycles):
-            ways[way](_key())
+            ways[way](random_key())
     return f"{cycles} cycles of {LABELS[way]}"
 
 
@@ -464,18 +464,31 @@ def _run(url: str, mode: str, numbers: list[int]) -> list[str]:
     return [f"{blocks} blocks of {cycles} cycles", *report(measure(url, blocks, cycles))]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    mode, numbers = _arguments(sys.argv[1:] if argv is None else argv)
+def drop_collections(url: str) -> None:
+    """Drop the probes' collections (``client-cpu...``)."""
+    cleaner: MongoClient[dict[str, Any]]
+    with MongoClient(url) as cleaner:
+        for name in cleaner[DATABASE].list_collection_names():
+            if name.startswith(COLLECTION):
+                cleaner[DATABASE].drop_collection(name)
+
+
+@contextlib.contextmanager
+def probe_server() -> Iterator[str]:
+    """The URL of the server in ``MONGOLOCK_URL``, or of one started for the probe, its
+    version printed; the probe's collections are dropped after."""
     with mongo_server() as server:
         try:
             print(f"MongoDB {server.version} ({server.topology})")
-            print("\n".join(_run(server.url, mode, numbers)))
+            yield server.url
         finally:
-            cleaner: MongoClient[dict[str, Any]]
-            with MongoClient(server.url) as cleaner:
-                for name in cleaner[DATABASE].list_collection_names():
-                    if name.startswith(COLLECTION):
-                        cleaner[DATABASE].drop_collection(name)
+            drop_collections(server.url)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    mode, numbers = _arguments(sys.argv[1:] if argv is None else argv)
+    with probe_server() as url:
+        print("\n".join(_run(url, mode, numbers)))
     return 0
 
 

@@ -22,14 +22,7 @@ from tests.commands import Recorder
 def probe_collections(mongolock_url: str) -> Iterator[None]:
     """The probe writes to its own collections (``client-cpu...``): dropped after."""
     yield
-    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
-    try:
-        database = client[DATABASE]
-        for name in database.list_collection_names():
-            if name.startswith(client_cpu.COLLECTION):
-                database.drop_collection(name)
-    finally:
-        client.close()
+    client_cpu.drop_collections(mongolock_url)
 
 
 @pytest.fixture

@@ -150,3 +150,50 @@ def test_install_once_and_bad_arguments() -> None:
         LockMetrics(CollectorRegistry(), key_label="prefix")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="namespace"):
         LockMetrics(CollectorRegistry(), namespace="not valid")
+
+
+def test_the_metrics_are_updated_off_the_callers_thread(
+    manager: LockManager, only_listener: None
+) -> None:
+    registry = CollectorRegistry()
+    metrics = LockMetrics(registry)
+    applied: list[str] = []
+    apply = metrics.apply
+
+    def watched(event: object) -> None:
+        applied.append(threading.current_thread().name)
+        apply(event)  # type: ignore[arg-type]
+
+    metrics.apply = watched  # type: ignore[method-assign]
+    try:
+        manager.acquire("m-aside", ttl=10).release()
+        deadline = clock.now() + 10
+        while len(applied) < 2 and clock.now() < deadline:
+            threading.Event().wait(0.01)
+        # The acquisition and the release, applied by the metrics' thread alone.
+        assert applied == ["mongolock-metrics"] * 2
+        assert value(registry, "mongolock_releases_total", mode="exclusive") == 1
+        # A scrape applies what is still queued before it reads (the thread, woken by
+        # the next post, now lets a minute's batch gather).
+        metrics.backlog.delay = 60
+        manager.acquire("m-aside", ttl=10).release()
+        assert value(registry, "mongolock_releases_total", mode="exclusive") == 2
+        assert applied[2:] == [threading.current_thread().name] * 2
+    finally:
+        metrics.close()
+
+
+def test_flush_applies_what_is_queued(manager: LockManager, only_listener: None) -> None:
+    registry = CollectorRegistry()
+    metrics = prometheus.install(registry)
+    metrics.backlog.delay = 60  # its thread would apply them a minute after the first
+    try:
+        manager.acquire("m-flush", ttl=10).release()
+        assert len(metrics.backlog._jobs) == 2
+        prometheus.flush()
+        assert len(metrics.backlog._jobs) == 0
+        sample = metrics.releases.labels("exclusive")._value.get()  # not through a scrape
+        assert sample == 1
+    finally:
+        prometheus.uninstall()
+    prometheus.flush()  # nothing installed: nothing to do

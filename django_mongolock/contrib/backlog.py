@@ -36,7 +36,7 @@ DELAY: Final = 0.2
 LIMIT: Final = 8192
 """Jobs waiting at most; more are dropped."""
 
-YIELD_AFTER: Final = 0.0005
+YIELD_AFTER: Final = 0.0001
 """A batch gives other threads the interpreter after this many seconds of work."""
 
 

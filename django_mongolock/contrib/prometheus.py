@@ -5,19 +5,29 @@ metrics below in a ``prometheus_client`` registry (the default one, which
 django-prometheus and ``prometheus_client.start_http_server`` export). Labels stay
 bounded: outcome, mode, reason; the key becomes a label only through ``key_label``, a
 function the caller gives that maps a key to one of few values (a key's prefix, say).
+
+The caller's thread only queues each event; the metrics are updated on a thread of the
+extra's own (``mongolock-metrics``, ``contrib.backlog``), a fraction of a second later.
+``prometheus_client`` takes a lock for every counter and histogram update: a dozen of
+them per acquire and release, tens of microseconds in a thread whose caches the round
+trip just cooled. A scrape of the registry the metrics live in updates them first, so
+it never reads them behind; ``flush()`` does the same for a reader of another kind.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from django_mongolock import events
+from django_mongolock.contrib.backlog import Backlog
 
-__all__ = ["LockMetrics", "install", "uninstall"]
+__all__ = ["LockMetrics", "flush", "install", "uninstall"]
 
 # Waits run from one round trip to the caller's timeout; holds from milliseconds to hours.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -25,8 +35,26 @@ HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+class _Flusher:
+    """Registered ahead of the metrics: a collection of the registry (a scrape,
+    ``get_sample_value``) first applies the updates still queued. Describes no metric."""
+
+    def __init__(self, backlog: Backlog) -> None:
+        self.backlog = backlog
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        self.backlog.flush()
+        return ()
+
+
 class LockMetrics:
-    """The metrics and the observer that updates them; ``close()`` unsubscribes it."""
+    """The metrics and the observer that updates them; ``close()`` unsubscribes it.
+
+    ``observe`` queues each event on ``backlog``; its thread updates the metrics.
+    """
 
     def __init__(
         self,
@@ -40,6 +68,11 @@ class LockMetrics:
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace must be an identifier, not {namespace!r}")
         self.key_label = key_label
+        self.backlog = Backlog("mongolock-metrics")
+        self._flusher = _Flusher(self.backlog)
+        if registry is not None:
+            # Before the metrics: a registry collects in the order it was given them.
+            registry.register(self._flusher)
         keyed = ("key",) if key_label is not None else ()
         self.acquisitions = Counter(
             "acquisitions",
@@ -136,7 +169,15 @@ class LockMetrics:
         return found
 
     def observe(self, event: events.Event) -> None:
-        """Update the metrics for one event (the observer ``install`` subscribes)."""
+        """Queue the metrics' update for one event (the observer ``install`` subscribes)."""
+        self.backlog.post(functools.partial(self.apply, event))
+
+    def flush(self) -> None:
+        """Apply, in this thread, the updates of every event observed so far."""
+        self.backlog.flush()
+
+    def apply(self, event: events.Event) -> None:
+        """Update the metrics for one event (on the backlog's thread)."""
         if isinstance(event, events.AcquireFinished):
             keyed = self._keyed(event.key)
             mode = "shared" if event.shared else "exclusive"
@@ -162,13 +203,16 @@ class LockMetrics:
             self._child(self.handoffs, *self._keyed(event.key)).inc()
 
     def close(self) -> None:
-        """Stop observing and take the metrics out of their registry."""
+        """Stop observing, apply what is queued, and take the metrics out of their
+        registry."""
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is None:
             return
         unsubscribe()
+        self.backlog.close()
         if self._registry is not None:
             for metric in (
+                self._flusher,
                 self.acquisitions,
                 self.releases,
                 self.losses,
@@ -211,3 +255,12 @@ def uninstall() -> None:
         metrics, _installed = _installed, None
     if metrics is not None:
         metrics.close()
+
+
+def flush() -> None:
+    """Apply now the updates of every lock event so far: a scrape of the registry does
+    it itself; call it before reading the metrics some other way (another registry in
+    ``prometheus_client``'s multiprocess mode, a metric's value in a test)."""
+    metrics = _installed
+    if metrics is not None:
+        metrics.flush()
