@@ -4,9 +4,11 @@
 runs the whole acquire+release call with the manager's store answering from a reply it
 recorded from the server (``client_cpu.replayed``), each cycle after a real floor cycle,
 as in a real cycle, where the driver's work comes between. The instrumentation
-workload's sets of observers (``instruments.INSTRUMENTED``) take turns by block, each
-installed for its block and removed after it (its queued work done then, untimed: it
-runs on its own thread in a real process).
+workload's sets of observers (``labels.INSTRUMENTED``) take turns by block, each
+installed for its block and removed after it. Their threads' work runs beside the
+timed cycles as in a real process, but for what is queued when the block ends (done
+untimed at the removal): blocks of fewer cycles than a few batch delays (0.2 s) would
+leave much of it out.
 
 Only the calling thread's CPU is timed (``time.thread_time_ns``): what an observer costs
 the lock's caller, without the server's noise that the instrumentation workload's
@@ -42,22 +44,23 @@ from benchmarks.markdown import span, table
 __all__ = ["main", "measure", "report"]
 
 USAGE: Final = "[BLOCKS [CYCLES]]"
+BASELINE: Final = INSTRUMENTED[0][0]
 
 
 def measure(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
     """Per set of observers (by label), per block, the median thread CPU (µs) of one
     replayed cycle after a floor cycle. A first block warms up and is left out. A set
     whose modules are not installed is left out."""
-    sets = [(label, names) for label, names in INSTRUMENTED if not instruments.missing(names)]
+    sets = [(label, spec) for label, spec in INSTRUMENTED if not instruments.missing(spec)]
     medians: dict[str, list[float]] = {label: [] for label, _ in sets}
     clock = time.thread_time_ns
     with manager_and_floor(url) as (manager, floor):
         floored = floor_cycle(floor)
         with replayed(manager):
             for block in range(blocks + 1):
-                for label, names in sets:
+                for label, spec in sets:
                     spent = []
-                    uninstall = instruments.instrument(names)
+                    uninstall = instruments.instrument(spec)
                     try:
                         for _ in range(cycles):
                             floored(random_key())
@@ -73,8 +76,8 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
 
 def report(medians: dict[str, list[float]]) -> list[str]:
     """A markdown table: each set's median per cycle over blocks, and what it adds to
-    the first set's (nothing subscribed), block by block."""
-    baseline = next(iter(medians.values()))
+    the baseline's (nothing subscribed), block by block."""
+    baseline = medians[BASELINE]
     rows = []
     for label, values in medians.items():
         added = [value - base for value, base in zip(values, baseline, strict=True)]

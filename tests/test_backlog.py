@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -173,4 +174,62 @@ def test_a_thread_ended_by_its_job_is_started_again_by_the_next_post() -> None:
         backlog.post(ran.set)
         assert ran.wait(5)
     finally:
+        backlog.close()
+
+
+def test_past_the_limit_a_run_backlog_runs_the_job_in_the_posting_thread() -> None:
+    backlog = Backlog("test-backlog", limit=1, overflow="run")
+    seen: list[tuple[int, int]] = []
+    try:
+        gate = _occupy(backlog)
+        backlog.post(functools.partial(_note, seen, 1))  # queued: the limit is reached
+        backlog.post(functools.partial(_note, seen, 2))  # run now, here
+        assert seen == [(2, threading.get_ident())]
+        gate.set()
+        backlog.flush()
+    finally:
+        backlog.close()
+    assert [n for n, _ in seen] == [2, 1]
+    assert backlog.dropped == 0
+
+
+def test_an_unknown_overflow_is_refused() -> None:
+    with pytest.raises(ValueError, match="overflow must be 'drop' or 'run'"):
+        Backlog("test-backlog", overflow="block")  # type: ignore[arg-type]
+
+
+def _take(lock: threading.Lock, result: multiprocessing.Queue[object]) -> None:
+    result.put(lock.acquire(timeout=3))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+def test_a_fork_waits_for_the_job_under_way_to_let_go_of_its_lock() -> None:
+    """A job holds its library's lock (a metric's, say) for a moment: a child forked then
+    must not inherit it held, or its first update of that metric would never return."""
+    backlog = Backlog("test-backlog", delay=0.001)
+    library = threading.Lock()
+    holding = threading.Event()
+
+    def update() -> None:
+        with library:
+            holding.set()
+            time.sleep(0.3)
+
+    context = multiprocessing.get_context("fork")
+    result: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_take, args=(library, result))
+    try:
+        backlog.post(update)
+        assert holding.wait(5)
+        child.start()  # while the job holds the lock
+        assert result.get(timeout=10) is True
+        child.join(10)
+        assert child.exitcode == 0
+        ran = threading.Event()
+        backlog.post(ran.set)  # the parent's backlog goes on after the fork
+        assert ran.wait(5)
+    finally:
+        if child.is_alive():
+            child.kill()
         backlog.close()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired, clock
+from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired, clock, events
 from django_mongolock.contrib import prometheus
 from django_mongolock.contrib.prometheus import LockMetrics
 from django_mongolock.notices import get_notices
@@ -152,48 +153,110 @@ def test_install_once_and_bad_arguments() -> None:
         LockMetrics(CollectorRegistry(), namespace="not valid")
 
 
+def _watched(metrics: LockMetrics) -> list[str]:
+    """The names of the threads that apply ``metrics``' updates, in turn."""
+    applied: list[str] = []
+    apply = metrics.apply
+
+    def watched(event: events.Event) -> None:
+        applied.append(threading.current_thread().name)
+        apply(event)
+
+    metrics.apply = watched  # type: ignore[method-assign]
+    return applied
+
+
+def _releases(metrics: LockMetrics) -> float:
+    """The exclusive releases counted, read from the metric itself (no registry)."""
+    (family,) = metrics.releases.collect()
+    return sum(s.value for s in family.samples if s.name.endswith("_total"))
+
+
 def test_the_metrics_are_updated_off_the_callers_thread(
     manager: LockManager, only_listener: None
 ) -> None:
     registry = CollectorRegistry()
     metrics = LockMetrics(registry)
-    applied: list[str] = []
-    apply = metrics.apply
-
-    def watched(event: object) -> None:
-        applied.append(threading.current_thread().name)
-        apply(event)  # type: ignore[arg-type]
-
-    metrics.apply = watched  # type: ignore[method-assign]
+    applied = _watched(metrics)
     try:
         manager.acquire("m-aside", ttl=10).release()
         deadline = clock.now() + 10
         while len(applied) < 2 and clock.now() < deadline:
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         # The acquisition and the release, applied by the metrics' thread alone.
         assert applied == ["mongolock-metrics"] * 2
         assert value(registry, "mongolock_releases_total", mode="exclusive") == 1
-        # A scrape applies what is still queued before it reads (the thread, woken by
-        # the next post, now lets a minute's batch gather).
-        metrics.backlog.delay = 60
-        manager.acquire("m-aside", ttl=10).release()
-        assert value(registry, "mongolock_releases_total", mode="exclusive") == 2
-        assert applied[2:] == [threading.current_thread().name] * 2
     finally:
         metrics.close()
 
 
-def test_flush_applies_what_is_queued(manager: LockManager, only_listener: None) -> None:
+@pytest.mark.parametrize("restricted", [False, True])
+def test_a_scrape_applies_what_is_queued_before_it_reads(
+    manager: LockManager, only_listener: None, restricted: bool
+) -> None:
+    registry = CollectorRegistry()
+    metrics = LockMetrics(registry)
+    metrics.backlog.delay = 60  # its thread would apply them a minute after the first
+    applied = _watched(metrics)
+    try:
+        manager.acquire("m-scrape", ttl=10).release()
+        assert applied == []  # queued, not applied, by the lock's caller
+        name = "mongolock_releases_total"
+        # A scrape of some names only (``?name[]=`` of the exporters) finds them too.
+        reader = registry.restricted_registry([name]) if restricted else registry
+        text = generate_latest(reader).decode()
+        assert f'{name}{{mode="exclusive"}} 1.0' in text
+        assert applied == [threading.current_thread().name] * 2
+    finally:
+        metrics.close()
+
+
+def test_flush_and_close_apply_what_is_queued(manager: LockManager, only_listener: None) -> None:
     registry = CollectorRegistry()
     metrics = prometheus.install(registry)
-    metrics.backlog.delay = 60  # its thread would apply them a minute after the first
+    metrics.backlog.delay = 60
     try:
         manager.acquire("m-flush", ttl=10).release()
-        assert len(metrics.backlog._jobs) == 2
+        assert _releases(metrics) == 0
         prometheus.flush()
-        assert len(metrics.backlog._jobs) == 0
-        sample = metrics.releases.labels("exclusive")._value.get()  # not through a scrape
-        assert sample == 1
+        assert _releases(metrics) == 1
+        manager.acquire("m-flush", ttl=10).release()
+        assert _releases(metrics) == 1
     finally:
-        prometheus.uninstall()
+        prometheus.uninstall()  # closes the metrics: what is queued is applied
+    assert _releases(metrics) == 2
     prometheus.flush()  # nothing installed: nothing to do
+
+
+def test_past_the_limit_the_caller_applies_its_own_updates(
+    manager: LockManager, only_listener: None
+) -> None:
+    metrics = LockMetrics(CollectorRegistry())
+    metrics.backlog.delay = 60
+    metrics.backlog.limit = 1
+    applied = _watched(metrics)
+    try:
+        manager.acquire("m-full", ttl=10).release()  # the acquisition queued, the release not
+        assert applied == [threading.current_thread().name]
+        assert metrics.backlog.dropped == 0
+        assert _releases(metrics) == 1
+    finally:
+        metrics.close()
+
+
+def test_a_registry_that_refuses_the_metrics_keeps_none_of_them(
+    only_listener: None,
+) -> None:
+    registry = CollectorRegistry()
+    first = LockMetrics(registry)
+    try:
+        before = generate_latest(registry)
+        with pytest.raises(ValueError, match="Duplicated timeseries"):
+            LockMetrics(registry)  # the same names again
+        assert generate_latest(registry) == before
+        assert len(registry._collector_to_names) == 1  # the first one's collector alone
+        assert events.listening()  # the first one's observer, not a second one
+    finally:
+        first.close()
+    assert not events.listening()
+    assert b"mongolock_" not in generate_latest(registry)

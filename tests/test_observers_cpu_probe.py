@@ -3,8 +3,7 @@ measured in every block and removed after it, and the report subtracts block by 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -26,7 +25,7 @@ def test_each_set_is_measured_in_every_block_and_removed_after(
     seen: list[bool] = []
     instrument = instruments.instrument
 
-    def watched(spec: str) -> Any:
+    def watched(spec: str) -> Callable[[], None]:
         uninstall = instrument(spec)
         seen.append(events.listening())  # installed for its block
         return uninstall

@@ -4,14 +4,17 @@ done in batches by one thread of its own.
 Spans are built by the tracing SDK, which checks every attribute and asks the sampler:
 tens of microseconds a span, paid by the thread that holds the lock if done there. A
 span's times are given explicitly, so building it a moment later changes nothing in the
-trace, and a waiting thread's time is better spent on the round trip it is waiting for.
+trace. Metrics are updated by ``prometheus_client``, which takes a lock for each update.
+A waiting thread's time is better spent on the round trip it is waiting for.
 
 The thread sleeps while there is no work (no wake-ups when idle); the first job posted
 wakes it, and it runs the jobs that gathered ``delay`` seconds later, so a busy process
 pays one wake-up per batch, not one per lock. The queue is bounded: past ``limit`` jobs
-waiting, new ones are dropped and counted (``dropped``), as the SDK's own batch
-processor does with spans. A forked child starts with an empty queue, and its first post
-starts its own thread.
+waiting, a new one is dropped and counted (``dropped``), as the SDK's own batch
+processor does with spans, or, with ``overflow="run"``, run at once in the posting
+thread (a count must not be lost). A fork waits for a batch under way to end (a second
+at most), so that no job holds a lock of its library in the child; the child starts with
+an empty queue, and its first post starts its own thread.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Literal
 
 __all__ = ["Backlog"]
 
@@ -37,17 +40,34 @@ LIMIT: Final = 8192
 """Jobs waiting at most; more are dropped."""
 
 YIELD_AFTER: Final = 0.0001
-"""A batch gives other threads the interpreter after this many seconds of work."""
+"""A batch gives other threads the interpreter after this many seconds of work: a caller
+whose answer came waits for at most about this much of a batch, where the interpreter
+alone would make it wait its switch interval (5 ms). A span takes tens of microseconds
+to build, so a batch yields every few jobs; each yield is one system call."""
+
+FORK_WAIT: Final = 1.0
+"""How long a fork waits for a batch under way to end."""
 
 
 class Backlog:
     """A bounded queue of jobs and the daemon thread that runs them."""
 
-    def __init__(self, name: str, *, delay: float = DELAY, limit: int = LIMIT) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        delay: float = DELAY,
+        limit: int = LIMIT,
+        overflow: Literal["drop", "run"] = "drop",
+    ) -> None:
+        if overflow not in ("drop", "run"):
+            raise ValueError(f"overflow must be 'drop' or 'run', not {overflow!r}")
         self.name = name
         self.delay = delay
         self.limit = limit
+        self.overflow = overflow
         self.dropped = 0
+        self._forking = False
         self._jobs: deque[Callable[[], object]] = deque()
         self._cond = threading.Condition()
         # Serialises batches: the thread's and a caller's flush() never run jobs at once.
@@ -59,10 +79,14 @@ class Backlog:
         atexit.register(self.flush)
 
     def post(self, job: Callable[[], object]) -> None:
-        """Run ``job`` soon on the backlog's thread (dropped if ``limit`` jobs wait)."""
+        """Run ``job`` soon on the backlog's thread (past ``limit`` jobs waiting: dropped,
+        or run now in this thread with ``overflow="run"``)."""
         if self._closed:
             return
         if len(self._jobs) >= self.limit:
+            if self.overflow == "run":
+                self._run_one(job)
+                return
             with self._cond:
                 self.dropped += 1
                 first = self.dropped == 1
@@ -109,6 +133,7 @@ class Backlog:
         self._jobs.clear()
         self._cond = threading.Condition()
         self._running = threading.Lock()
+        self._forking = False
         self._asleep = False
         self._thread = None
 
@@ -143,10 +168,7 @@ class Backlog:
                 job = self._jobs.popleft()
                 if most is not None:
                     most -= 1
-                try:
-                    job()
-                except Exception:
-                    logger.exception("%s: a job failed", self.name)
+                self._run_one(job)
                 if time.monotonic() - since > YIELD_AFTER:
                     # Give the interpreter up now and then (best effort: it cannot be
                     # handed over), so that a caller whose answer came is not kept waiting
@@ -154,8 +176,34 @@ class Backlog:
                     time.sleep(0)
                     since = time.monotonic()
 
+    def _run_one(self, job: Callable[[], object]) -> None:
+        try:
+            job()
+        except Exception:
+            logger.exception("%s: a job failed", self.name)
+
+    def _before_fork(self) -> None:
+        """Wait (``FORK_WAIT`` at most) for a batch under way: a job stopped halfway by
+        the fork would leave its library's lock held for good in the child."""
+        self._forking = self._running.acquire(timeout=FORK_WAIT)
+
+    def _after_fork_in_parent(self) -> None:
+        if self._forking:
+            self._forking = False
+            self._running.release()
+
 
 _backlogs: weakref.WeakSet[Backlog] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for backlog in list(_backlogs):
+        backlog._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for backlog in list(_backlogs):
+        backlog._after_fork_in_parent()
 
 
 def _forget_in_child() -> None:
@@ -163,4 +211,6 @@ def _forget_in_child() -> None:
         backlog._after_fork()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forget_in_child
+)

@@ -8,17 +8,19 @@ function the caller gives that maps a key to one of few values (a key's prefix, 
 
 The caller's thread only queues each event; the metrics are updated on a thread of the
 extra's own (``mongolock-metrics``, ``contrib.backlog``), a fraction of a second later.
-``prometheus_client`` takes a lock for every counter and histogram update: a dozen of
-them per acquire and release, tens of microseconds in a thread whose caches the round
-trip just cooled. A scrape of the registry the metrics live in updates them first, so
-it never reads them behind; ``flush()`` does the same for a reader of another kind.
+``prometheus_client`` takes a lock for every counter and histogram update, six per
+acquire and release: tens of microseconds in a thread whose caches the round trip just
+cooled. The metrics reach their registry as one collector (``LockMetrics.collector``)
+that applies the queued updates before it reads them, so a scrape never misses one
+queued before it; ``flush()`` does the same for a reader of another kind. Past 8,192
+events waiting, the next are applied in the caller's thread: none is lost.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -35,25 +37,31 @@ HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-class _Flusher:
-    """Registered ahead of the metrics: a collection of the registry (a scrape,
-    ``get_sample_value``) first applies the updates still queued. Describes no metric."""
+class _Collector:
+    """All the metrics, as one collector: a collection (a scrape, ``get_sample_value``)
+    applies the queued updates first. One registration, so a registry holds all of them
+    or none, and a scrape restricted to some names finds them by name."""
 
-    def __init__(self, backlog: Backlog) -> None:
+    def __init__(self, backlog: Backlog, metrics: Sequence[Any]) -> None:
         self.backlog = backlog
+        self.metrics = tuple(metrics)
 
-    def describe(self) -> Iterable[Metric]:
-        return ()
+    def describe(self) -> Iterator[Metric]:
+        for metric in self.metrics:
+            yield from metric.describe()
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterator[Metric]:
         self.backlog.flush()
-        return ()
+        for metric in self.metrics:
+            yield from metric.collect()
 
 
 class LockMetrics:
     """The metrics and the observer that updates them; ``close()`` unsubscribes it.
 
     ``observe`` queues each event on ``backlog``; its thread updates the metrics.
+    ``collector`` holds them all and goes into ``registry``; with ``registry=None`` it is
+    registered nowhere: register it where the metrics should be read.
     """
 
     def __init__(
@@ -68,25 +76,21 @@ class LockMetrics:
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace must be an identifier, not {namespace!r}")
         self.key_label = key_label
-        self.backlog = Backlog("mongolock-metrics")
-        self._flusher = _Flusher(self.backlog)
-        if registry is not None:
-            # Before the metrics: a registry collects in the order it was given them.
-            registry.register(self._flusher)
+        self.backlog = Backlog("mongolock-metrics", overflow="run")
         keyed = ("key",) if key_label is not None else ()
         self.acquisitions = Counter(
             "acquisitions",
             "Calls to acquire that ended, by outcome (acquired, busy, timeout, error, cancelled).",
             ("outcome", "mode", *keyed),
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.releases = Counter(
             "releases",
             "Locks released by their holder.",
             ("mode", *keyed),
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.losses = Counter(
             "losses",
@@ -94,20 +98,20 @@ class LockMetrics:
             "(expired, force-released, server-unreachable, refresh-failed).",
             ("reason", *keyed),
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.handoffs = Counter(
             "handoffs",
             "Locks handed from a holder to the next waiter.",
             keyed,
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.refresh_failures = Counter(
             "refresh_failures",
             "Refresher ticks whose write did not reach the server, or that it refused.",
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.acquire_wait = Histogram(
             "acquire_wait_seconds",
@@ -115,7 +119,7 @@ class LockMetrics:
             ("outcome", *keyed),
             buckets=WAIT_BUCKETS,
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.hold = Histogram(
             "hold_seconds",
@@ -123,36 +127,58 @@ class LockMetrics:
             keyed,
             buckets=HOLD_BUCKETS,
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.tick = Histogram(
             "refresh_tick_seconds",
             "Duration of one refresher tick (the refresh and heartbeat writes).",
             buckets=TICK_BUCKETS,
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.lag = Histogram(
             "refresh_lag_seconds",
             "How late a refresher tick started after its due time.",
             buckets=TICK_BUCKETS,
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.held = Gauge(
             "held_locks",
             "Locks held in this process (taken since install).",
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.held.set_function(events.held_count)
         self.waiting = Gauge(
             "waiting_acquisitions",
             "Calls to acquire under way in this process (waiting or in flight).",
             namespace=namespace,
-            registry=registry,
+            registry=None,
         )
         self.waiting.set_function(events.waiting_count)
+        self.collector = _Collector(
+            self.backlog,
+            (
+                self.acquisitions,
+                self.releases,
+                self.losses,
+                self.handoffs,
+                self.refresh_failures,
+                self.acquire_wait,
+                self.hold,
+                self.tick,
+                self.lag,
+                self.held,
+                self.waiting,
+            ),
+        )
+        if registry is not None:
+            try:
+                registry.register(self.collector)
+            except BaseException:
+                self.backlog.close()  # nothing registered, nothing subscribed
+                raise
         self._registry = registry
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._unsubscribe: Callable[[], None] | None = events.subscribe(self.observe)
@@ -211,21 +237,7 @@ class LockMetrics:
         unsubscribe()
         self.backlog.close()
         if self._registry is not None:
-            for metric in (
-                self._flusher,
-                self.acquisitions,
-                self.releases,
-                self.losses,
-                self.handoffs,
-                self.refresh_failures,
-                self.acquire_wait,
-                self.hold,
-                self.tick,
-                self.lag,
-                self.held,
-                self.waiting,
-            ):
-                self._registry.unregister(metric)
+            self._registry.unregister(self.collector)
 
 
 _installed: LockMetrics | None = None
@@ -258,9 +270,11 @@ def uninstall() -> None:
 
 
 def flush() -> None:
-    """Apply now the updates of every lock event so far: a scrape of the registry does
-    it itself; call it before reading the metrics some other way (another registry in
-    ``prometheus_client``'s multiprocess mode, a metric's value in a test)."""
+    """Apply now, in this process, the updates of every lock event it queued: a scrape
+    of the registry does it itself. Call it before reading a metric's value some other
+    way, and in ``prometheus_client``'s multiprocess mode in a worker that ends without
+    running ``atexit`` hooks (``os._exit``: a Celery prefork child, say, from Celery's
+    ``worker_process_shutdown`` signal), lest its last updates never reach its file."""
     metrics = _installed
     if metrics is not None:
         metrics.flush()
