@@ -3,19 +3,19 @@
 ``python -m benchmarks.observers_cpu [BLOCKS [CYCLES]]`` (default 8 blocks of 500 cycles)
 runs the whole acquire+release call with the manager's store answering from a reply it
 recorded from the server (``client_cpu.replayed``), each cycle after a real floor cycle,
-as in a real cycle, where the driver's work comes between. The instrumentation
-workload's sets of observers (``labels.INSTRUMENTED``) take turns by block, each
-installed for its block and removed after it. Their threads' work runs beside the
-timed cycles as in a real process, but for what is queued when the block ends (done
-untimed at the removal): blocks of fewer cycles than a few batch delays (0.2 s) would
-leave much of it out.
+as in a real cycle, where the driver's work comes between. Every observer of the
+instrumentation workload's sets (``labels.INSTRUMENTED``) is installed for the whole
+run, and the sets take turns cycle by cycle, in an order shuffled every round, so that
+all meet the same moments of a shared machine: before each cycle, the observers
+subscribed are swapped for that set's (``subscribed``: outside the timed call, and the
+same swap for every set). Their threads' work runs beside all the cycles.
 
 Only the calling thread's CPU is timed (``time.thread_time_ns``): what an observer costs
 the lock's caller, without the server's noise that the instrumentation workload's
 wall-clock figure carries. The work an observer hands to a thread of its own is not in
-it; that workload's *CPU added* counts every thread. Per block, the median per cycle;
-the table gives the median over blocks (min to max), and the difference to *nothing
-subscribed* taken block by block.
+it (but for what it does to the caches it shares); that workload's *CPU added* counts
+every thread. Per block, the median per cycle; the table gives the median over blocks
+(min to max), and the difference to *nothing subscribed* taken block by block.
 
 Against the server in ``MONGOLOCK_URL``, or a development server started for the run.
 See docs/performance.md.
@@ -23,10 +23,12 @@ See docs/performance.md.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from benchmarks import instruments
@@ -40,6 +42,7 @@ from benchmarks.client_cpu import (
 )
 from benchmarks.labels import INSTRUMENTED
 from benchmarks.markdown import span, table
+from django_mongolock import events
 
 __all__ = ["main", "measure", "report"]
 
@@ -52,26 +55,47 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
     replayed cycle after a floor cycle. A first block warms up and is left out. A set
     whose modules are not installed is left out."""
     sets = [(label, spec) for label, spec in INSTRUMENTED if not instruments.missing(spec)]
+    names = list(dict.fromkeys(name for _, spec in sets for name in spec.split("+") if name))
     medians: dict[str, list[float]] = {label: [] for label, _ in sets}
     clock = time.thread_time_ns
-    with manager_and_floor(url) as (manager, floor):
+    with manager_and_floor(url) as (manager, floor), replayed(manager):
         floored = floor_cycle(floor)
-        with replayed(manager):
+        uninstall = instruments.instrument("+".join(names))
+        try:
+            observers = dict(zip(names, events._observers, strict=True))  # in install order
+            chosen = {
+                label: tuple(observers[name] for name in spec.split("+") if name)
+                for label, spec in sets
+            }
+            order = [label for label, _ in sets]
             for block in range(blocks + 1):
-                for label, spec in sets:
-                    spent = []
-                    uninstall = instruments.instrument(spec)
-                    try:
-                        for _ in range(cycles):
+                spent: dict[str, list[int]] = {label: [] for label in order}
+                for _ in range(cycles):
+                    random.shuffle(order)
+                    for label in order:
+                        with subscribed(chosen[label]):
                             floored(random_key())
                             started = clock()
                             replayed_cycle(manager)
-                            spent.append(clock() - started)
-                    finally:
-                        uninstall()
-                    if block:
-                        medians[label].append(statistics.median(spent) / 1e3)
+                            spent[label].append(clock() - started)
+                if block:
+                    for label in order:
+                        medians[label].append(statistics.median(spent[label]) / 1e3)
+        finally:
+            uninstall()
     return medians
+
+
+@contextlib.contextmanager
+def subscribed(observers: tuple[events.Observer, ...]) -> Iterator[None]:
+    """Inside, ``observers`` alone receive the lock events (the run's installed ones are
+    put back after): one assignment each way, the same for every set."""
+    installed = events._observers
+    events._observers = observers
+    try:
+        yield
+    finally:
+        events._observers = installed
 
 
 def report(medians: dict[str, list[float]]) -> list[str]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from django_mongolock.contrib import backlog as backlog_module
 from django_mongolock.contrib.backlog import Backlog
 
 
@@ -232,4 +233,86 @@ def test_a_fork_waits_for_the_job_under_way_to_let_go_of_its_lock() -> None:
     finally:
         if child.is_alive():
             child.kill()
+        backlog.close()
+
+
+def test_a_fork_waits_for_one_job_not_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 30.0)  # longer than any bounded wait here
+    backlog = Backlog("test-backlog", delay=0.001)
+    ran: list[int] = []
+    started = threading.Event()
+
+    def slow(number: int) -> None:
+        started.set()
+        time.sleep(0.02)
+        ran.append(number)
+
+    try:
+        for number in range(100):  # a batch of two seconds
+            backlog.post(functools.partial(slow, number))
+        assert started.wait(5)
+        backlog_module._before_fork()
+        try:
+            assert backlog_module._held == [backlog]  # it holds the batches off
+            paused = len(ran)
+            assert paused < 100
+            time.sleep(0.1)  # five jobs' time: none runs while the fork is pending
+            assert len(ran) == paused
+        finally:
+            backlog_module._after_fork_in_parent()
+        backlog.flush()  # the batch goes on after the fork
+        assert ran == list(range(100))
+    finally:
+        backlog.close()
+
+
+def test_two_threads_forking_at_once_leave_the_backlog_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A second fork that gave up waiting for the backlog must still wait for the first
+    # fork to be done: it would otherwise take the backlog's lock between the first one's
+    # release and its bookkeeping, and nobody would give it back.
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 0.05)
+    backlog = Backlog("test-backlog", delay=0.001)
+    first_in = threading.Event()
+    second_done = threading.Event()
+
+    def second() -> None:
+        backlog_module._before_fork()  # waits for the first fork to be done
+        backlog_module._after_fork_in_parent()
+        second_done.set()
+
+    try:
+        backlog_module._before_fork()
+        try:
+            first_in.set()
+            other = threading.Thread(target=second)
+            other.start()
+            assert not second_done.wait(0.2)  # one fork at a time
+        finally:
+            backlog_module._after_fork_in_parent()
+        assert second_done.wait(5)
+        other.join(5)
+        assert not backlog._running.locked()
+        ran = threading.Event()
+        backlog.post(ran.set)
+        assert ran.wait(5)
+    finally:
+        backlog.close()
+
+
+def test_a_job_that_forks_does_not_wait_for_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 30.0)
+    backlog = Backlog("test-backlog", delay=0.001)
+    done = threading.Event()
+
+    def forks() -> None:
+        backlog_module._before_fork()  # as os.fork() would, from this job
+        backlog_module._after_fork_in_parent()
+        done.set()
+
+    try:
+        backlog.post(forks)
+        assert done.wait(10), "the fork waited for the job that made it"
+    finally:
         backlog.close()

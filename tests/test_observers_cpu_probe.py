@@ -3,7 +3,8 @@ measured in every block and removed after it, and the report subtracts block by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,26 +20,29 @@ def probe_collections(mongolock_url: str) -> Iterator[None]:
     client_cpu.drop_collections(mongolock_url)
 
 
-def test_each_set_is_measured_in_every_block_and_removed_after(
+def test_each_set_is_measured_in_every_block_with_its_own_observers(
     mongolock_url: str, probe_collections: None, only_listener: None
 ) -> None:
-    seen: list[bool] = []
-    instrument = instruments.instrument
+    seen: list[int] = []
+    swap = observers_cpu.subscribed
 
-    def watched(spec: str) -> Callable[[], None]:
-        uninstall = instrument(spec)
-        seen.append(events.listening())  # installed for its block
-        return uninstall
+    @contextlib.contextmanager
+    def watched(observers: tuple[events.Observer, ...]) -> Iterator[None]:
+        with swap(observers):
+            seen.append(len(events._observers))  # what the timed cycle is told
+            yield
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(instruments, "instrument", watched)
+        patch.setattr(observers_cpu, "subscribed", watched)
         medians = observers_cpu.measure(mongolock_url, blocks=2, cycles=20)
-    labels = [label for label, names in INSTRUMENTED if not instruments.missing(names)]
-    assert list(medians) == labels
+    sets = [(label, spec) for label, spec in INSTRUMENTED if not instruments.missing(spec)]
+    assert list(medians) == [label for label, _ in sets]
     assert all(len(blocks) == 2 and min(blocks) > 0 for blocks in medians.values())
-    # Three blocks (one to warm up) of each set; only "nothing subscribed" subscribes none.
-    assert seen == [False, *[True] * (len(labels) - 1)] * 3
-    assert not events.listening()
+    # Three blocks (one to warm up) of 20 cycles of each set, each with its observers:
+    # none for the baseline, two for metrics and spans.
+    counts = sorted(len([n for n in spec.split("+") if n]) for _, spec in sets)
+    assert sorted(seen) == sorted(counts * 60)
+    assert not events.listening()  # all removed after the run
 
 
 def test_the_report_subtracts_the_baseline_block_by_block() -> None:
