@@ -8,7 +8,9 @@ instrumentation workload's sets (``labels.INSTRUMENTED``) is installed for the w
 run, and the sets take turns cycle by cycle, in an order shuffled every round, so that
 all meet the same moments of a shared machine: before each cycle, the observers
 subscribed are swapped for that set's (``subscribed``: outside the timed call, and the
-same swap for every set). Their threads' work runs beside all the cycles.
+same swap for every set). Their threads' work runs beside all the cycles. Refresher
+ticks and losses, told on a notice worker, reach the set swapped in at that moment: the
+untimed work they cause (the statistics' flush) is spread over the sets.
 
 Only the calling thread's CPU is timed (``time.thread_time_ns``): what an observer costs
 the lock's caller, without the server's noise that the instrumentation workload's

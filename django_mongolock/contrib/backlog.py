@@ -12,10 +12,8 @@ wakes it, and it runs the jobs that gathered ``delay`` seconds later, so a busy 
 pays one wake-up per batch, not one per lock. The queue is bounded: past ``limit`` jobs
 waiting, a new one is dropped and counted (``dropped``), as the SDK's own batch
 processor does with spans, or, with ``overflow="run"``, run at once in the posting
-thread (a count must not be lost). A fork waits for the job under way to end (a second
-at most, for all backlogs together), so that no job holds a lock of its library in the
-child; a batch pauses between two jobs until the fork is done. The child starts with an
-empty queue, and its first post starts its own thread.
+thread (a count must not be lost). A forked child starts with an empty queue, and its
+first post starts its own thread.
 """
 
 from __future__ import annotations
@@ -46,12 +44,6 @@ whose answer came waits for at most about this much of a batch, where the interp
 alone would make it wait its switch interval (5 ms). A span takes tens of microseconds
 to build, so a batch yields every few jobs; each yield is one system call."""
 
-FORK_WAIT: Final = 1.0
-"""How long a fork waits, for all backlogs together, for the jobs under way to end."""
-
-PAUSE: Final = 0.0005
-"""How often a batch paused for a fork looks whether the fork is done."""
-
 
 class Backlog:
     """A bounded queue of jobs and the daemon thread that runs them."""
@@ -71,10 +63,6 @@ class Backlog:
         self.limit = limit
         self.overflow = overflow
         self.dropped = 0
-        # A fork is about to happen: a batch stops between two jobs until it is done.
-        self._fork_pending = False
-        # The thread running a batch now (holding ``_running``), if any.
-        self._runner: int | None = None
         self._jobs: deque[Callable[[], object]] = deque()
         self._cond = threading.Condition()
         # Serialises batches: the thread's and a caller's flush() never run jobs at once
@@ -142,8 +130,6 @@ class Backlog:
         self._jobs.clear()
         self._cond = threading.Condition()
         self._running = threading.Lock()
-        self._fork_pending = False
-        self._runner = None
         self._asleep = False
         self._thread = None
 
@@ -171,43 +157,20 @@ class Backlog:
 
     def _drain(self, most: int | None) -> None:
         """Run the queued jobs (at most ``most`` of them; all, and those posted meanwhile,
-        for None), pausing while a fork is pending."""
-        while True:
-            self._wait_for_fork()
-            with self._running:
-                self._runner = threading.get_ident()
-                try:
-                    most = self._run_batch(most)
-                finally:
-                    self._runner = None
-            if most == 0 or not self._jobs:
-                return
-
-    def _run_batch(self, most: int | None) -> int | None:
-        """Run jobs until none (or ``most``) is left or a fork is pending; how many of
-        ``most`` are left."""
-        since = time.monotonic()
-        while self._jobs and (most is None or most > 0):
-            if self._fork_pending:
-                return most  # let the fork go between two jobs, then go on
-            job = self._jobs.popleft()
-            if most is not None:
-                most -= 1
-            self._run_one(job)
-            if time.monotonic() - since > YIELD_AFTER:
-                # Give the interpreter up now and then (best effort: it cannot be handed
-                # over), so that a caller whose answer came is not kept waiting for the
-                # interpreter's whole switch interval.
-                time.sleep(0)
-                since = time.monotonic()
-        return 0 if most is not None else None
-
-    def _wait_for_fork(self) -> None:
-        """While a fork is pending (twice its wait at most: a fork hook of another
-        library could hang), do not start a batch."""
-        deadline = time.monotonic() + 2 * FORK_WAIT
-        while self._fork_pending and time.monotonic() < deadline:
-            time.sleep(PAUSE)
+        for None)."""
+        with self._running:
+            since = time.monotonic()
+            while self._jobs and (most is None or most > 0):
+                job = self._jobs.popleft()
+                if most is not None:
+                    most -= 1
+                self._run_one(job)
+                if time.monotonic() - since > YIELD_AFTER:
+                    # Give the interpreter up now and then (best effort: it cannot be
+                    # handed over), so that a caller whose answer came is not kept waiting
+                    # for the interpreter's whole switch interval.
+                    time.sleep(0)
+                    since = time.monotonic()
 
     def _run_one(self, job: Callable[[], object]) -> None:
         try:
@@ -215,48 +178,13 @@ class Backlog:
         except Exception:
             logger.exception("%s: a job failed", self.name)
 
-    def _before_fork(self, deadline: float) -> bool:
-        """Pause this backlog's batches and wait (until ``deadline``) for the job under
-        way: a job stopped halfway by the fork would leave its library's lock held for
-        good in the child. True if it holds ``_running`` for the fork."""
-        self._fork_pending = True
-        if self._runner == threading.get_ident():
-            return False  # a job of this thread forks: it cannot wait for itself
-        return self._running.acquire(timeout=max(0.0, deadline - time.monotonic()))
-
 
 _backlogs: weakref.WeakSet[Backlog] = weakref.WeakSet()
 
 
-# One fork at a time: a second forking thread waits for the first one's fork to be done.
-_forking = threading.Lock()
-# The backlogs whose batches the fork under way holds off.
-_held: list[Backlog] = []
-
-
-def _before_fork() -> None:
-    _forking.acquire()
-    deadline = time.monotonic() + FORK_WAIT
-    _held.extend(b for b in list(_backlogs) if b._before_fork(deadline))
-
-
-def _after_fork_in_parent() -> None:
-    for backlog in _held:
-        backlog._running.release()
-    _held.clear()
-    for backlog in list(_backlogs):
-        backlog._fork_pending = False
-    _forking.release()
-
-
 def _forget_in_child() -> None:
-    global _forking
-    _forking = threading.Lock()
-    _held.clear()
     for backlog in list(_backlogs):
         backlog._after_fork()
 
 
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forget_in_child
-)
+os.register_at_fork(after_in_child=_forget_in_child)
