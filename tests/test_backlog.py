@@ -7,9 +7,11 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
+from django_mongolock.contrib import backlog as backlog_module
 from django_mongolock.contrib.backlog import Backlog
 
 
@@ -195,3 +197,121 @@ def test_past_the_limit_a_run_backlog_runs_the_job_in_the_posting_thread() -> No
 def test_an_unknown_overflow_is_refused() -> None:
     with pytest.raises(ValueError, match="overflow must be 'drop' or 'run'"):
         Backlog("test-backlog", overflow="block")  # type: ignore[arg-type]
+
+
+def _take(lock: threading.Lock, result: multiprocessing.Queue[object]) -> None:
+    result.put(lock.acquire(timeout=3))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+def test_a_fork_waits_for_the_job_under_way_to_let_go_of_its_lock() -> None:
+    """A job holds its library's lock (a metric's, say) for a moment: a child forked then
+    must not inherit it held, or its first update of that metric would never return."""
+    backlog = Backlog("test-backlog", delay=0.001)
+    library = threading.Lock()
+    holding = threading.Event()
+
+    def update() -> None:
+        with library:
+            holding.set()
+            time.sleep(0.3)
+
+    context = multiprocessing.get_context("fork")
+    result: multiprocessing.Queue[object] = context.Queue()
+    child = context.Process(target=_take, args=(library, result))
+    try:
+        backlog.post(update)
+        assert holding.wait(5)
+        child.start()  # while the job holds the lock
+        assert result.get(timeout=10) is True
+        child.join(10)
+        assert child.exitcode == 0
+        ran = threading.Event()
+        backlog.post(ran.set)  # the parent's backlog goes on after the fork
+        assert ran.wait(5)
+    finally:
+        if child.is_alive():
+            child.kill()
+        backlog.close()
+
+
+def test_a_fork_waits_for_one_job_not_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 30.0)  # longer than any bounded wait here
+    backlog = Backlog("test-backlog", delay=0.001)
+    ran: list[int] = []
+    started = threading.Event()
+
+    def slow(number: int) -> None:
+        started.set()
+        time.sleep(0.02)
+        ran.append(number)
+
+    try:
+        for number in range(100):  # a batch of two seconds
+            backlog.post(functools.partial(slow, number))
+        assert started.wait(5)
+        backlog_module._before_fork()  # as os.fork() does first
+        try:
+            assert backlog._job._is_owned()  # type: ignore[attr-defined]
+            paused = len(ran)
+            assert paused < 50  # it did not wait for the batch to end
+            time.sleep(0.1)  # five jobs' time: none runs while the fork holds them off
+            assert len(ran) == paused
+        finally:
+            backlog_module._after_fork_in_parent()
+        backlog.flush()  # the batch goes on after the fork
+        assert ran == list(range(100))
+    finally:
+        backlog.close()
+
+
+def test_two_threads_forking_at_once_leave_the_backlog_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 0.05)
+    backlog = Backlog("test-backlog", delay=0.001)
+    second_done = threading.Event()
+
+    def second() -> None:
+        backlog_module._before_fork()  # gives up waiting for the first fork's lock
+        backlog_module._after_fork_in_parent()  # and gives back only what it took
+        second_done.set()
+
+    try:
+        backlog_module._before_fork()
+        try:
+            other = threading.Thread(target=second)
+            other.start()
+            assert second_done.wait(5)
+            assert backlog._job._is_owned()  # type: ignore[attr-defined]  # still the first's
+        finally:
+            backlog_module._after_fork_in_parent()
+        other.join(5)
+        ran = threading.Event()
+        backlog.post(ran.set)
+        assert ran.wait(5)
+        assert backlog._job.acquire(blocking=False)
+        backlog._job.release()
+    finally:
+        backlog.close()
+
+
+def test_a_job_that_forks_does_not_wait_for_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "FORK_WAIT", 30.0)
+    backlog = Backlog("test-backlog", delay=0.001)
+    done = threading.Event()
+
+    def forks() -> None:
+        backlog_module._before_fork()  # as os.fork() would, from this job
+        backlog_module._after_fork_in_parent()
+        done.set()
+
+    try:
+        backlog.post(forks)
+        assert done.wait(10), "the fork waited for the job that made it"
+        ran = threading.Event()
+        backlog.post(ran.set)
+        assert ran.wait(5)
+    finally:
+        backlog.close()

@@ -4,7 +4,8 @@ measured in every block and removed after it, and the report subtracts block by 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -23,25 +24,36 @@ def probe_collections(mongolock_url: str) -> Iterator[None]:
 def test_each_set_is_measured_in_every_block_with_its_own_observers(
     mongolock_url: str, probe_collections: None, only_listener: None
 ) -> None:
-    seen: list[int] = []
-    swap = observers_cpu.subscribed
+    seen: list[tuple[events.Observer, ...]] = []
+    installed: list[tuple[events.Observer, ...]] = []
+    swap, instrument = observers_cpu.subscribed, instruments.instrument
 
     @contextlib.contextmanager
     def watched(observers: tuple[events.Observer, ...]) -> Iterator[None]:
         with swap(observers):
-            seen.append(len(events._observers))  # what the timed cycle is told
+            seen.append(events._observers)  # what the timed cycle is told
             yield
+
+    def recorded(spec: str) -> Callable[[], None]:
+        uninstall = instrument(spec)
+        installed.append(events._observers)  # one observer per name, in the spec's order
+        return uninstall
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(observers_cpu, "subscribed", watched)
+        patch.setattr(instruments, "instrument", recorded)
         medians = observers_cpu.measure(mongolock_url, blocks=2, cycles=20)
     sets = [(label, spec) for label, spec in INSTRUMENTED if not instruments.missing(spec)]
     assert list(medians) == [label for label, _ in sets]
     assert all(len(blocks) == 2 and min(blocks) > 0 for blocks in medians.values())
-    # Three blocks (one to warm up) of 20 cycles of each set, each with its observers:
-    # none for the baseline, two for metrics and spans.
-    counts = sorted(len([n for n in spec.split("+") if n]) for _, spec in sets)
-    assert sorted(seen) == sorted(counts * 60)
+    # One install of every observer, then three blocks (one to warm up) of 20 cycles of
+    # each set, each told its own observers: none for the baseline, the metrics' and the
+    # spans' for both.
+    (everything,) = installed
+    names = list(dict.fromkeys(n for _, spec in sets for n in spec.split("+") if n))
+    observer = dict(zip(names, everything, strict=True))
+    wanted = [tuple(observer[n] for n in spec.split("+") if n) for _, spec in sets]
+    assert Counter(seen) == Counter(dict.fromkeys(wanted, 60))
     assert not events.listening()  # all removed after the run
 
 

@@ -12,8 +12,15 @@ wakes it, and it runs the jobs that gathered ``delay`` seconds later, so a busy 
 pays one wake-up per batch, not one per lock. The queue is bounded: past ``limit`` jobs
 waiting, a new one is dropped and counted (``dropped``), as the SDK's own batch
 processor does with spans, or, with ``overflow="run"``, run at once in the posting
-thread (a count must not be lost). A forked child starts with an empty queue, and its
-first post starts its own thread.
+thread (a count must not be lost).
+
+A job may hold a lock of its library (``prometheus_client`` takes one per update) that a
+child forked at that moment would inherit held, by a thread it does not have: the child's
+next update of that metric would never return. So each job runs under the backlog's job
+lock, and a fork takes every backlog's job lock first (waiting ``FORK_WAIT`` at most, for
+all of them together): no job is half done in the child. It gets it between two jobs: a
+batch offers the interpreter every ``YIELD_AFTER`` between two jobs, without the lock.
+A forked child starts with an empty queue, and its first post starts its own thread.
 """
 
 from __future__ import annotations
@@ -39,10 +46,13 @@ LIMIT: Final = 8192
 """Jobs waiting at most; more are dropped, or run by their poster (``overflow``)."""
 
 YIELD_AFTER: Final = 0.0001
-"""A batch gives other threads the interpreter after this many seconds of work: a caller
-whose answer came waits for at most about this much of a batch, where the interpreter
-alone would make it wait its switch interval (5 ms). A span takes tens of microseconds
-to build, so a batch yields every few jobs; each yield is one system call."""
+"""A batch offers other threads the interpreter after this many seconds of work, so that
+a caller whose answer came usually waits about this much of a batch, not the
+interpreter's switch interval (5 ms). A span takes tens of microseconds to build, so a
+batch offers it every few jobs; each offer is one system call."""
+
+FORK_WAIT: Final = 1.0
+"""How long a fork waits, for all backlogs together, for the jobs under way to end."""
 
 
 class Backlog:
@@ -69,10 +79,14 @@ class Backlog:
         # (a job run by its poster past the limit runs beside them: prometheus_client's
         # updates take their own locks).
         self._running = threading.Lock()
+        # Held around each job: a fork takes it between two jobs (re-entrant: a job that
+        # forks, or a forking thread that runs a job, takes it again).
+        self._job = threading.RLock()
         self._asleep = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        _backlogs.add(self)
+        with _registry:
+            _backlogs.add(self)
         atexit.register(self.flush)
 
     def post(self, job: Callable[[], object]) -> None:
@@ -130,6 +144,7 @@ class Backlog:
         self._jobs.clear()
         self._cond = threading.Condition()
         self._running = threading.Lock()
+        self._job = threading.RLock()
         self._asleep = False
         self._thread = None
 
@@ -173,18 +188,49 @@ class Backlog:
                     since = time.monotonic()
 
     def _run_one(self, job: Callable[[], object]) -> None:
-        try:
-            job()
-        except Exception:
-            logger.exception("%s: a job failed", self.name)
+        with self._job:
+            try:
+                job()
+            except Exception:
+                logger.exception("%s: a job failed", self.name)
 
 
 _backlogs: weakref.WeakSet[Backlog] = weakref.WeakSet()
+# Guards the set's changes and the snapshots a fork takes of it.
+_registry = threading.Lock()
+# Per forking thread: the job locks its fork holds.
+_holding = threading.local()
+
+
+def _before_fork() -> None:
+    """Take every backlog's job lock (``FORK_WAIT`` at most for all): no job is half
+    done, holding a lock of its library, when the process forks."""
+    taken: list[threading.RLock] = []
+    _holding.locks = taken
+    with _registry:
+        backlogs = list(_backlogs)
+    deadline = time.monotonic() + FORK_WAIT
+    for backlog in backlogs:
+        lock = backlog._job
+        if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            taken.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    taken: list[threading.RLock] = getattr(_holding, "locks", None) or []
+    _holding.locks = None
+    for lock in taken:
+        lock.release()
 
 
 def _forget_in_child() -> None:
+    global _registry
+    _registry = threading.Lock()
+    _holding.locks = None
     for backlog in list(_backlogs):
         backlog._after_fork()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forget_in_child
+)

@@ -76,7 +76,6 @@ class LockMetrics:
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace must be an identifier, not {namespace!r}")
         self.key_label = key_label
-        self.backlog = Backlog("mongolock-metrics", overflow="run")
         keyed = ("key",) if key_label is not None else ()
         self.acquisitions = Counter(
             "acquisitions",
@@ -157,6 +156,8 @@ class LockMetrics:
             registry=None,
         )
         self.waiting.set_function(events.waiting_count)
+        # After the metrics: one that failed to build leaves no thread or exit hook behind.
+        self.backlog = Backlog("mongolock-metrics", overflow="run")
         self.collector = _Collector(
             self.backlog,
             (
@@ -203,7 +204,8 @@ class LockMetrics:
         self.backlog.flush()
 
     def apply(self, event: events.Event) -> None:
-        """Update the metrics for one event (on the backlog's thread)."""
+        """Update the metrics for one event (on the backlog's thread, a flushing reader's,
+        or past the queue's limit the lock caller's)."""
         if isinstance(event, events.AcquireFinished):
             keyed = self._keyed(event.key)
             mode = "shared" if event.shared else "exclusive"
