@@ -291,8 +291,41 @@ def test_two_threads_forking_at_once_leave_the_backlog_running(
         ran = threading.Event()
         backlog.post(ran.set)
         assert ran.wait(5)
-        assert backlog._job.acquire(blocking=False)
-        backlog._job.release()
+        assert not _held_elsewhere(backlog)
+    finally:
+        backlog.close()
+
+
+def _held_elsewhere(backlog: Backlog) -> bool:
+    """Whether another thread than this one could not take the backlog's job lock."""
+    free: list[bool] = []
+
+    def take() -> None:
+        got = backlog.job.acquire(timeout=0.5)
+        free.append(got)
+        if got:
+            backlog.job.release()
+
+    other = threading.Thread(target=take)
+    other.start()
+    other.join(5)
+    return free != [True]
+
+
+def test_a_fork_made_inside_a_fork_hook_gives_back_its_own_locks() -> None:
+    """Another library's fork hook may fork: the inner fork's hooks run inside the outer
+    one's, and each gives back what it took."""
+    backlog = Backlog("test-backlog", delay=0.001)
+    try:
+        backlog_module._before_fork()  # the outer fork
+        backlog_module._before_fork()  # a fork made by a hook of the outer one
+        backlog_module._after_fork_in_parent()  # the inner one is done
+        assert _held_elsewhere(backlog)  # the outer fork still holds it
+        backlog_module._after_fork_in_parent()
+        assert not _held_elsewhere(backlog)
+        ran = threading.Event()
+        backlog.post(ran.set)
+        assert ran.wait(5)
     finally:
         backlog.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -260,3 +261,24 @@ def test_a_registry_that_refuses_the_metrics_keeps_none_of_them(
         first.close()
     assert not events.listening()
     assert b"mongolock_" not in generate_latest(registry)
+
+
+def test_a_scrape_reads_the_metrics_under_the_job_lock_a_fork_waits_for(
+    only_listener: None,
+) -> None:
+    registry = CollectorRegistry()
+    metrics = LockMetrics(registry)
+    held: list[bool] = []
+    collect = metrics.acquisitions.collect
+
+    def watched() -> Any:
+        held.append(metrics.backlog.job._is_owned())  # type: ignore[attr-defined]
+        return collect()
+
+    metrics.acquisitions.collect = watched  # type: ignore[method-assign]
+    try:
+        generate_latest(registry)
+        assert held == [True]
+        assert not metrics.backlog.job._is_owned()  # type: ignore[attr-defined]  # let go after
+    finally:
+        metrics.close()

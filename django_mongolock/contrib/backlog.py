@@ -118,6 +118,13 @@ class Backlog:
                 self._cond.notify()
 
     @property
+    def job(self) -> threading.RLock:
+        """The lock each job runs under, which a fork waits for: hold it to do outside the
+        queue what a job does (a read of the state the jobs write under their library's
+        locks)."""
+        return self._job
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` was called: posts are dropped from then on."""
         return self._closed
@@ -196,9 +203,11 @@ class Backlog:
 
 
 _backlogs: weakref.WeakSet[Backlog] = weakref.WeakSet()
-# Guards the set's changes and the snapshots a fork takes of it.
-_registry = threading.Lock()
-# Per forking thread: the job locks its fork holds.
+# Guards the set's changes and the snapshots a fork takes of it (re-entrant: a signal
+# handler that forks may run while its thread holds it).
+_registry = threading.RLock()
+# Per forking thread, a stack: the job locks each fork under way holds (a fork made by
+# another library's fork hook runs inside this one's).
 _holding = threading.local()
 
 
@@ -206,9 +215,13 @@ def _before_fork() -> None:
     """Take every backlog's job lock (``FORK_WAIT`` at most for all): no job is half
     done, holding a lock of its library, when the process forks."""
     taken: list[threading.RLock] = []
-    _holding.locks = taken
+    stack: list[list[threading.RLock]] | None = getattr(_holding, "stack", None)
+    if stack is None:
+        stack = _holding.stack = []
+    stack.append(taken)
     with _registry:
-        backlogs = list(_backlogs)
+        # In one order: two forks at once would otherwise wait for each other's locks.
+        backlogs = sorted(_backlogs, key=id)
     deadline = time.monotonic() + FORK_WAIT
     for backlog in backlogs:
         lock = backlog._job
@@ -217,16 +230,15 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_parent() -> None:
-    taken: list[threading.RLock] = getattr(_holding, "locks", None) or []
-    _holding.locks = None
-    for lock in taken:
+    stack: list[list[threading.RLock]] | None = getattr(_holding, "stack", None)
+    for lock in stack.pop() if stack else ():
         lock.release()
 
 
 def _forget_in_child() -> None:
     global _registry
-    _registry = threading.Lock()
-    _holding.locks = None
+    _registry = threading.RLock()
+    _holding.stack = None
     for backlog in list(_backlogs):
         backlog._after_fork()
 

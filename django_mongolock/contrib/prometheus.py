@@ -52,8 +52,10 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         self.backlog.flush()
-        for metric in self.metrics:
-            yield from metric.collect()
+        # Read as a job: a fork meanwhile waits for the metrics' locks to be let go.
+        with self.backlog.job:
+            families = [family for metric in self.metrics for family in metric.collect()]
+        yield from families
 
 
 class LockMetrics:
