@@ -179,19 +179,43 @@ def test_a_thread_ended_by_its_job_is_started_again_by_the_next_post() -> None:
 
 
 def test_past_the_limit_a_run_backlog_runs_the_job_in_the_posting_thread() -> None:
+    # The thread lets a minute's batch gather before it runs one, and runs no job
+    # meanwhile (a job under way would hold the job lock the poster's job waits for).
+    backlog = Backlog("test-backlog", limit=1, overflow="run", delay=60)
+    seen: list[tuple[int, int]] = []
+    here = threading.get_ident()
+    try:
+        backlog.post(functools.partial(_note, seen, 1))  # queued: the limit is reached
+        backlog.post(functools.partial(_note, seen, 2))  # run now, here
+        assert seen == [(2, here)]
+        backlog.flush()
+    finally:
+        backlog.close()
+    assert seen == [(2, here), (1, here)]
+    assert backlog.dropped == 0
+
+
+def test_a_job_run_by_its_poster_waits_for_the_job_under_way() -> None:
+    """Past the limit the poster's job waits for the thread's job under way: the two
+    never update one library's state at once outside its own locks, and a fork waits
+    for either."""
     backlog = Backlog("test-backlog", limit=1, overflow="run")
     seen: list[tuple[int, int]] = []
     try:
         gate = _occupy(backlog)
         backlog.post(functools.partial(_note, seen, 1))  # queued: the limit is reached
-        backlog.post(functools.partial(_note, seen, 2))  # run now, here
-        assert seen == [(2, threading.get_ident())]
+        poster = threading.Thread(target=backlog.post, args=(functools.partial(_note, seen, 2),))
+        poster.start()
+        poster.join(0.2)
+        assert poster.is_alive()  # its job waits for the one under way
+        assert seen == []
         gate.set()
+        poster.join(5)
+        assert not poster.is_alive()
         backlog.flush()
     finally:
         backlog.close()
-    assert [n for n, _ in seen] == [2, 1]
-    assert backlog.dropped == 0
+    assert sorted(n for n, _ in seen) == [1, 2]
 
 
 def test_an_unknown_overflow_is_refused() -> None:
