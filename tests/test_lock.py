@@ -312,9 +312,15 @@ def _fork_without_hooks() -> int:
     return pid
 
 
-def _reap(pid: int) -> int:
-    """The child's exit code; a child still running is killed first."""
+def _reap(pid: int, grace: float = 10.0) -> int:
+    """The child's exit code. A child that has answered may not have reached its
+    ``os._exit`` yet, so it gets ``grace`` seconds to end; one still running after
+    that is killed."""
+    deadline = time.monotonic() + grace
     done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+        done, status = os.waitpid(pid, os.WNOHANG)
     if not done:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
