@@ -25,12 +25,11 @@ See docs/performance.md.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from benchmarks import instruments
@@ -64,7 +63,7 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
         floored = floor_cycle(floor)
         uninstall = instruments.instrument("+".join(names))
         try:
-            observers = dict(zip(names, events._observers, strict=True))  # in install order
+            observers = dict(zip(names, events.observers(), strict=True))  # in install order
             chosen = {
                 label: tuple(observers[name] for name in spec.split("+") if name)
                 for label, spec in sets
@@ -88,16 +87,9 @@ def measure(url: str, blocks: int, cycles: int) -> dict[str, list[float]]:
     return medians
 
 
-@contextlib.contextmanager
-def subscribed(observers: tuple[events.Observer, ...]) -> Iterator[None]:
-    """Inside, ``observers`` alone receive the lock events (the run's installed ones are
-    put back after): one assignment each way, the same for every set."""
-    installed = events._observers
-    events._observers = observers
-    try:
-        yield
-    finally:
-        events._observers = installed
+# ``with subscribed(observers)``: inside, those alone receive the lock events (the run's
+# installed ones are put back after): one assignment each way, the same for every set.
+subscribed = events.swapped
 
 
 def report(medians: dict[str, list[float]]) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from django_mongolock.contrib import backlog as backlog_module
 from django_mongolock.contrib.backlog import Backlog
+from tests.utils import held_here
 
 
 def _note(seen: list[tuple[int, int]], number: int) -> None:
@@ -277,7 +278,7 @@ def test_a_fork_waits_for_one_job_not_the_batch(monkeypatch: pytest.MonkeyPatch)
         assert started.wait(5)
         backlog_module._before_fork()  # as os.fork() does first
         try:
-            assert backlog._job._is_owned()  # type: ignore[attr-defined]
+            assert held_here(backlog.job)
             paused = len(ran)
             assert paused < 50  # it did not wait for the batch to end
             time.sleep(0.1)  # five jobs' time: none runs while the fork holds them off
@@ -308,7 +309,7 @@ def test_two_threads_forking_at_once_leave_the_backlog_running(
             other = threading.Thread(target=second)
             other.start()
             assert second_done.wait(5)
-            assert backlog._job._is_owned()  # type: ignore[attr-defined]  # still the first's
+            assert held_here(backlog.job)  # still the first's
         finally:
             backlog_module._after_fork_in_parent()
         other.join(5)

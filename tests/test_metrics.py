@@ -15,6 +15,7 @@ from django_mongolock.contrib import prometheus
 from django_mongolock.contrib.prometheus import LockMetrics
 from django_mongolock.notices import get_notices
 from django_mongolock.refresher import get_refresher
+from tests.utils import held_here
 
 
 @pytest.fixture
@@ -255,7 +256,9 @@ def test_a_registry_that_refuses_the_metrics_keeps_none_of_them(
         with pytest.raises(ValueError, match="Duplicated timeseries"):
             LockMetrics(registry)  # the same names again
         assert generate_latest(registry) == before
-        assert len(registry._collector_to_names) == 1  # the first one's collector alone
+        # The first one's collector alone: its metrics, each once.
+        first_names = [family.name for family in first.collector.describe()]
+        assert [family.name for family in registry.collect()] == first_names
         assert events.listening()  # the first one's observer, not a second one
     finally:
         first.close()
@@ -272,13 +275,13 @@ def test_a_scrape_reads_the_metrics_under_the_job_lock_a_fork_waits_for(
     collect = metrics.acquisitions.collect
 
     def watched() -> Any:
-        held.append(metrics.backlog.job._is_owned())  # type: ignore[attr-defined]
+        held.append(held_here(metrics.backlog.job))
         return collect()
 
     metrics.acquisitions.collect = watched  # type: ignore[method-assign]
     try:
         generate_latest(registry)
         assert held == [True]
-        assert not metrics.backlog.job._is_owned()  # type: ignore[attr-defined]  # let go after
+        assert not held_here(metrics.backlog.job)  # let go after
     finally:
         metrics.close()

@@ -31,12 +31,12 @@ def test_each_set_is_measured_in_every_block_with_its_own_observers(
     @contextlib.contextmanager
     def watched(observers: tuple[events.Observer, ...]) -> Iterator[None]:
         with swap(observers):
-            seen.append(events._observers)  # what the timed cycle is told
+            seen.append(events.observers())  # what the timed cycle is told
             yield
 
     def recorded(spec: str) -> Callable[[], None]:
         uninstall = instrument(spec)
-        installed.append(events._observers)  # one observer per name, in the spec's order
+        installed.append(events.observers())  # one observer per name, in the spec's order
         return uninstall
 
     with pytest.MonkeyPatch.context() as patch:

@@ -1,8 +1,9 @@
 """Helpers for tests: management commands run as a shell would, managers whose clients
-carry a name of their own, replica sets stopped for good."""
+carry a name of their own, replica sets stopped for good, who holds a re-entrant lock."""
 
 from __future__ import annotations
 
+import threading
 from io import StringIO
 from typing import Any
 
@@ -44,3 +45,13 @@ def stop_and_check(replica_set: MongoReplicaSet) -> None:
         if node.process is not None and node.process.poll() is None
     ]
     assert not alive, f"mongod left running: {alive}"
+
+
+def held_here(lock: threading.RLock) -> bool:
+    """Whether this thread holds ``lock`` (another thread's hold is not this one's): a
+    condition on it may notify only in the thread that holds it."""
+    try:
+        threading.Condition(lock).notify()
+    except RuntimeError:
+        return False
+    return True

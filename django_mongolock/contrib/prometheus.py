@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -35,6 +35,13 @@ __all__ = ["LockMetrics", "flush", "install", "uninstall"]
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14400)
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class _Unregistered(TypedDict):
+    """The keywords every metric is built with."""
+
+    namespace: str
+    registry: None
 
 
 class _Collector:
@@ -79,83 +86,74 @@ class LockMetrics:
             raise ValueError(f"namespace must be an identifier, not {namespace!r}")
         self.key_label = key_label
         keyed = ("key",) if key_label is not None else ()
+        # Each metric in no registry of its own: ``collector`` below registers them all.
+        unregistered: _Unregistered = {"namespace": namespace, "registry": None}
         self.acquisitions = Counter(
             "acquisitions",
             "Calls to acquire that ended, by outcome (acquired, busy, timeout, error, cancelled).",
             ("outcome", "mode", *keyed),
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.releases = Counter(
             "releases",
             "Locks released by their holder.",
             ("mode", *keyed),
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.losses = Counter(
             "losses",
             "Locks their holder lost, by reason "
             "(expired, force-released, server-unreachable, refresh-failed).",
             ("reason", *keyed),
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.handoffs = Counter(
             "handoffs",
             "Locks handed from a holder to the next waiter.",
             keyed,
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.refresh_failures = Counter(
             "refresh_failures",
             "Refresher ticks whose write did not reach the server, or that it refused.",
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.acquire_wait = Histogram(
             "acquire_wait_seconds",
             "Time from a call to acquire until it returned or raised, by outcome.",
             ("outcome", *keyed),
             buckets=WAIT_BUCKETS,
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.hold = Histogram(
             "hold_seconds",
             "Time from acquiring a lock to its release or loss.",
             keyed,
             buckets=HOLD_BUCKETS,
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.tick = Histogram(
             "refresh_tick_seconds",
             "Duration of one refresher tick (the refresh and heartbeat writes).",
             buckets=TICK_BUCKETS,
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.lag = Histogram(
             "refresh_lag_seconds",
             "How late a refresher tick started after its due time.",
             buckets=TICK_BUCKETS,
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.held = Gauge(
             "held_locks",
             "Locks held in this process (taken since install).",
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.held.set_function(events.held_count)
         self.waiting = Gauge(
             "waiting_acquisitions",
             "Calls to acquire under way in this process (waiting or in flight).",
-            namespace=namespace,
-            registry=None,
+            **unregistered,
         )
         self.waiting.set_function(events.waiting_count)
         # After the metrics: one that failed to build leaves no thread or exit hook behind.
