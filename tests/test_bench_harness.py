@@ -5,21 +5,25 @@ hangs after a failed round, would publish figures nobody should trust."""
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pymongo import MongoClient, uri_parser
+from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
 from benchmarks import workers
 from benchmarks.contenders import DATABASE, Kind, Spec, build
+from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import waves
+from benchmarks.stats import paired_ratio
 from benchmarks.workers import Job, Pool, Shared
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
@@ -210,3 +214,39 @@ def test_connecting_gives_up_after_its_bound(
     # Tried again after the first failure, and given up only once the bound had passed.
     assert len(tries) >= 2
     assert gave_up >= workers.CONNECT_WITHIN
+
+
+def test_the_refresh_pairs_take_turns_going_first_and_drop_the_warm_up(
+    mongolock_url: str, bench_database: None
+) -> None:
+    """Tick and raw write alternate which runs first, every turn timed but the first, so
+    that neither side always meets the server just after the other's write."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        collection = client[DATABASE]["harness_ticks"]
+        keys = [f"tick-{n}" for n in range(3)]
+        collection.insert_many([{"_id": key} for key in keys])
+        calls: list[str] = []
+
+        class Logged:
+            def update_many(self, *arguments: Any, **options: Any) -> Any:
+                calls.append("raw")
+                return collection.update_many(*arguments, **options)
+
+        ours, floor = _time_ticks(
+            lambda: calls.append("tick"), cast("Collection[dict[str, Any]]", Logged()), keys, 4
+        )
+    finally:
+        client.close()
+    assert len(ours) == len(floor) == 4
+    # The first turn warms up (not kept); then the order flips every turn.
+    assert calls == ["raw", "tick"] + ["tick", "raw", "raw", "tick"] * 2
+
+
+def test_a_paired_ratio_is_the_median_of_the_pairs_not_of_the_sides() -> None:
+    # Medians of the sides: 3 / 2 = 1.5; pairs: 1/1, 3/2, 9/9 -> median 1.0.
+    assert paired_ratio([1.0, 3.0, 9.0], [1.0, 2.0, 9.0]) == 1.0
+    assert paired_ratio([2.0, 4.0], [0.0, 2.0]) == 2.0  # a zero floor is left out
+    assert math.isnan(paired_ratio([], []))
+    with pytest.raises(ValueError, match="longer"):
+        paired_ratio([1.0], [1.0, 2.0])
