@@ -173,7 +173,9 @@ def _child_touches_parent_lock(lock: Lock, url: str, database: str, queue: Any) 
 def test_a_forked_child_does_not_touch_the_parents_locks(
     manager: LockManager, mongolock_url: str
 ) -> None:
-    lock = manager.acquire("parent", ttl=1.2)
+    # A 3 s lease, ticked each second: a fork, the child's writes and a loaded machine's
+    # late tick must not end it before the check below.
+    lock = manager.acquire("parent", ttl=3.0)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(
@@ -188,7 +190,7 @@ def test_a_forked_child_does_not_touch_the_parents_locks(
     assert result["released"] is False
     assert result["held_by_refresher"] == 0
     assert result["own_token"] > lock.token
-    time.sleep(1.6)  # past the lease: the parent still refreshes it
+    time.sleep(3.5)  # past the lease: the parent still refreshes it
     status = manager.status("parent")
     assert status is not None
     assert (status.owner, status.live) == (lock.owner, True)
@@ -280,21 +282,22 @@ def test_the_refresher_sleeps_without_a_deadline_once_nothing_is_held(
     own = Refresher()
 
     def kept(key: str) -> Lock:
-        lock = manager.acquire(key, ttl=1.0, refresh=False)
+        # 3 s leases ticked each second: a tick may come 1.75 s late on a loaded machine.
+        lock = manager.acquire(key, ttl=3.0, refresh=False)
         lock.refreshable = True
         own.register(lock)
         return lock
 
     try:
         kept("idle-then-busy").release()
-        deadline = clock.now() + 3.0
+        deadline = clock.now() + 10.0
         while own.due != float("inf") and clock.now() < deadline:
             time.sleep(0.05)
         assert own.due == float("inf")
         ticks = own.ticks
         again = kept("idle-then-busy")
         assert own.due < float("inf")
-        time.sleep(3.5)  # more than three leases: kept alive by ticks of the woken thread
+        time.sleep(10.0)  # more than three leases: kept alive by ticks of the woken thread
         assert again.valid
         assert own.ticks - ticks >= 3
         assert again.release()

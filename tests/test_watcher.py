@@ -17,7 +17,7 @@ from django_mongolock.store import LockStore
 from django_mongolock.testing import MongoReplicaSet
 from django_mongolock.watcher import Watcher
 from tests.utils import NamedManager
-from tests.waiting import count_attempts, in_line, stream_open, until
+from tests.waiting import WOKEN_WITHIN, count_attempts, in_line, stream_open, until
 
 
 def _wait_in_thread(
@@ -62,7 +62,7 @@ def test_a_waiter_wakes_on_release_without_polling(
     assert tries_while_waiting <= 4
     assert other.watcher.events >= 1
     # Woken by the delete event, long before the holder's 30 s lease would have ended.
-    assert acquired_at - released_at < 2.0
+    assert acquired_at - released_at < WOKEN_WITHIN
     lock.release()
 
 
