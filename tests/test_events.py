@@ -441,8 +441,8 @@ def test_an_observer_that_blocks_on_ticks_holds_up_no_refresh(manager: LockManag
 
     unsubscribe = events.subscribe(stuck)
     try:
-        lock = manager.acquire("ev-stuck-tick", ttl=1.5)
-        assert not lock.lost.wait(3.0)  # two leases long: kept alive by the lane
+        lock = manager.acquire("ev-stuck-tick", ttl=3.0)
+        assert not lock.lost.wait(6.0)  # two leases long: kept alive by the lane
         assert lock.valid
         lock.release()
     finally:
