@@ -102,7 +102,7 @@ def render(
         "same run, against the same servers, in interleaved rounds. "
         "[Where the time goes](performance.md) explains the figures.",
         "",
-        "Reproduce with `make bench` (the full run, about ten minutes; it rewrites this "
+        "Reproduce with `make bench` (the full run, about twenty minutes; it rewrites this "
         "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
         "`--only NAME` for one workload. The suite needs the `bench` extra "
         "(`pip install -e '.[bench]'`) and, for python-redis-lock, a `redis-server` on "

@@ -51,14 +51,6 @@ def ratio(value: float, floor: float) -> float:
     return value / floor
 
 
-def paired_ratio(values: Sequence[float], floors: Sequence[float]) -> float:
-    """The median of ``values[i] / floors[i]``: each ratio between two timings taken
-    side by side, so that a slow spell of the machine moves both of a pair."""
-    pairs = [ratio(value, floor) for value, floor in zip(values, floors, strict=True)]
-    kept = [r for r in pairs if not math.isnan(r)]
-    return statistics.median(kept) if kept else math.nan
-
-
 def ms(seconds: float, digits: int = 2) -> str:
     """Seconds as milliseconds for a table cell."""
     if math.isnan(seconds):

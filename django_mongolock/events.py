@@ -196,7 +196,8 @@ def observers() -> tuple[Observer, ...]:
 @contextlib.contextmanager
 def swapped(chosen: tuple[Observer, ...]) -> Iterator[None]:
     """Inside, ``chosen`` alone receive the events, the subscribed ones after (benchmarks
-    and tests: one plain assignment each way, cheap enough to swap every cycle)."""
+    and tests: one plain assignment each way, cheap enough to swap every cycle). Not for
+    a process whose other threads subscribe meanwhile: the exit puts the old set back."""
     global _observers
     subscribed = _observers
     _observers = chosen

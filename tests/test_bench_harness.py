@@ -5,7 +5,6 @@ hangs after a failed round, would publish figures nobody should trust."""
 from __future__ import annotations
 
 import itertools
-import math
 import multiprocessing
 import socket
 import threading
@@ -23,7 +22,6 @@ from benchmarks import workers
 from benchmarks.contenders import DATABASE, Kind, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import waves
-from benchmarks.stats import paired_ratio
 from benchmarks.workers import Job, Pool, Shared
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
@@ -241,12 +239,3 @@ def test_the_refresh_pairs_take_turns_going_first_and_drop_the_warm_up(
     assert len(ours) == len(floor) == 4
     # The first turn warms up (not kept); then the order flips every turn.
     assert calls == ["raw", "tick"] + ["tick", "raw", "raw", "tick"] * 2
-
-
-def test_a_paired_ratio_is_the_median_of_the_pairs_not_of_the_sides() -> None:
-    # Medians of the sides: 3 / 2 = 1.5; pairs: 1/1, 3/2, 9/9 -> median 1.0.
-    assert paired_ratio([1.0, 3.0, 9.0], [1.0, 2.0, 9.0]) == 1.0
-    assert paired_ratio([2.0, 4.0], [0.0, 2.0]) == 2.0  # a zero floor is left out
-    assert math.isnan(paired_ratio([], []))
-    with pytest.raises(ValueError, match="longer"):
-        paired_ratio([1.0], [1.0, 2.0])
