@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import select
-import signal
 import threading
 import time
 from datetime import timedelta
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired
+from tests.utils import reap
 
 
 def test_acquire_and_release(manager: LockManager, lock_events: list[tuple[str, Any]]) -> None:
@@ -315,22 +314,6 @@ def _fork_without_hooks() -> int:
     return pid
 
 
-def _reap(pid: int, grace: float = 10.0) -> int:
-    """The child's exit code. A child that has answered may not have reached its
-    ``os._exit`` yet, so it gets ``grace`` seconds to end; one still running after
-    that is killed."""
-    deadline = time.monotonic() + grace
-    done, status = os.waitpid(pid, os.WNOHANG)
-    while not done and time.monotonic() < deadline:
-        time.sleep(0.01)
-        done, status = os.waitpid(pid, os.WNOHANG)
-    if not done:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
     manager: LockManager,
 ) -> None:
@@ -365,7 +348,7 @@ def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
         answer = os.read(read, 4096).decode() if ready else ""
     finally:
         os.close(read)
-        code = _reap(pid)
+        code = reap(pid, 10.0)
     assert ready, "the child forked without hooks did not answer within 30 s"
     assert code == 0, answer
     owner, checked, refreshed, child_released, child_valid = answer.split("|")

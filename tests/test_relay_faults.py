@@ -30,6 +30,7 @@ from django_mongolock import LockManager, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
 from tests.relay_peers import drained, hello, join
+from tests.utils import reap
 from tests.waiting import LEASE, Wait, lead_and_follow, streaming_as, until
 
 pytestmark = [
@@ -325,13 +326,8 @@ def test_a_forked_child_closes_its_copies_of_the_relay_sockets(
     finally:
         os.close(go_w)
         os.close(report_r)
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            done = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+        code = reap(pid, 30.0)
+    assert code == 0
     follower = following if following.watcher.role == "follower" else joining
     Wait(manager, follower, "after-fork").woken_by_release("follower")
 

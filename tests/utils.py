@@ -1,9 +1,14 @@
 """Helpers for tests: management commands run as a shell would, managers whose clients
-carry a name of their own, replica sets stopped for good, who holds a re-entrant lock."""
+carry a name of their own, replica sets stopped for good, who holds a re-entrant lock,
+forked children reaped within a bound."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
+import time
 from io import StringIO
 from typing import Any
 
@@ -55,3 +60,19 @@ def held_here(lock: threading.RLock) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def reap(pid: int, grace: float) -> int:
+    """A forked child's exit code. A child that has answered may not have reached its
+    ``os._exit`` yet, so it gets ``grace`` seconds to end; one still running after
+    that is killed."""
+    deadline = time.monotonic() + grace
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
