@@ -37,6 +37,7 @@ from benchmarks.workers import Job, Pool
 from django_mongolock import LockManager, queries
 
 __all__ = [
+    "after_arrival",
     "keys_probe",
     "plot",
     "processes_point",
@@ -251,11 +252,15 @@ def processes_point(
         for _t0, t1, t2, _t3 in worker["records"]
     )
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(turns)]
+    arrival, settled, releases = after_arrival(done.workers)
     ops = _ops(idle, after)
     counts = [len(worker["records"]) for worker in done.workers]
     return {
         "waiters": parties,
         "wake": summary(gaps),
+        "arrival": arrival,
+        "wake_settled": summary(settled),
+        "release": summary(releases),
         "ops": ops,
         **_per_release(ops, len(turns)),
         "cursors": max(samples, default=idle["cursors"]) - before,
@@ -265,6 +270,27 @@ def processes_point(
         "lost": len(turns) - done.counted,
         "overlaps": done.overlaps,
     }
+
+
+def after_arrival(
+    workers: Sequence[dict[str, Any]],
+) -> tuple[float, list[float], list[float]]:
+    """The run once every process has asked for the key: how long they took to ask
+    (from the first call to ``acquire`` to the last process's first), then the wake-ups
+    and the release calls' times of the releases that began after that.
+
+    They tell apart what a long line costs each release (its document, and the write
+    that hands it on, grow with the places in it) from the arrival of every process at
+    once, whose joins queue on that one document with the releases meanwhile.
+    """
+    firsts = [w["records"][0][0] for w in workers if w["records"]]
+    if not firsts:
+        return math.nan, [], []
+    asked = max(firsts)
+    turns = sorted((t1, t2, t3) for w in workers for _t0, t1, t2, t3 in w["records"])
+    wakes = [b[0] - a[1] for a, b in itertools.pairwise(turns) if a[1] >= asked]
+    releases = [t3 - t2 for _t1, t2, t3 in turns if t2 >= asked]
+    return asked - min(firsts), wakes, releases
 
 
 def run(
@@ -307,8 +333,14 @@ def _line(point: dict[str, Any], ours: bool = True) -> str:
     wake = point["wake"]
     if not ours:
         return f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}"
+    settled = (
+        f" (after the {ms(point['arrival'], 0)} arrival: p99 "
+        f"{ms(point['wake_settled']['p99'])}, release p50 {ms(point['release']['p50'])})"
+        if "arrival" in point
+        else ""
+    )
     return (
-        f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}, "
+        f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}{settled}, "
         f"{point['ops_per_release']:.1f} ops and {point['writes_per_release']:.1f} writes "
         f"per release, {point['cursors']} cursors"
     )
@@ -353,7 +385,12 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "took a key of its own as it came up (its connections open) and 0.5 s rounds "
         "of more and more of them (their change streams open); a wake-up is "
         "the gap from a holder's release call to the next holder's return (both on "
-        "CLOCK_MONOTONIC, shared by the processes of one host). *Ops per release*: every "
+        "CLOCK_MONOTONIC, shared by the processes of one host). *Arrival*: from the "
+        "first process's call to `acquire` to the last one's, all starting together; "
+        "*p99 after arrival* and *release p50* count only the releases that began after "
+        "it (the release call's own time is the handing write): they tell what each "
+        "release costs once the line has formed from what the joins of all the processes "
+        "at once cost the releases among them. *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
         "commands, change-stream getMores of every process) over the releases, divided by "
         "them. *Writes per release*: the server's write commands alone "
@@ -378,19 +415,15 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
     for shape in SHAPES:
         for point in sorted(data.get(shape, {}).get("points", {}).values(), key=_waiters):
             ops = point["ops"]
+            wake = point["wake"]
+            figures = [shape, str(point["waiters"]), ms(wake["p50"], 2), ms(wake["p99"], 2)]
+            figures += _arrived(point)
             if shape in REFERENCES:
-                wake = point["wake"]
-                rows.append(
-                    [shape, str(point["waiters"]), ms(wake["p50"], 2), ms(wake["p99"], 2)]
-                    + ["n/a"] * 4
-                )
+                rows.append(figures + ["n/a"] * 4)
                 continue
             rows.append(
                 [
-                    shape,
-                    str(point["waiters"]),
-                    ms(point["wake"]["p50"], 2),
-                    ms(point["wake"]["p99"], 2),
+                    *figures,
                     f"{point['ops_per_release']:.1f}",
                     _optional(point.get("writes_per_release")),
                     ", ".join(f"{name} {ops[name]}" for name in OPS if ops[name]),
@@ -402,6 +435,9 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "waiters",
         "wake-up p50",
         "wake-up p99",
+        "p99 after arrival",
+        "release p50",
+        "arrival",
         "ops per release",
         "writes per release",
         "ops",
@@ -411,6 +447,18 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
     if image:
         lines += [f"![Wake-up and server operations per release against waiters]({image})", ""]
     return lines
+
+
+def _arrived(point: dict[str, Any]) -> list[str]:
+    """Wake-up p99 and release p50 after every process asked, and the time they took
+    to ask; "n/a" for the keys shape, and in results recorded before they were measured."""
+    if "arrival" not in point:
+        return ["n/a"] * 3
+    return [
+        ms(point["wake_settled"]["p99"], 2),
+        ms(point["release"]["p50"], 2),
+        ms(point["arrival"], 0),
+    ]
 
 
 def _optional(value: float | None) -> str:

@@ -61,14 +61,19 @@ def _meta(plan: Plan, argv: Sequence[str], selected: Sequence[str]) -> dict[str,
     commit = _git("rev-parse", "--short", "HEAD")
     engine = Path(django_mongolock.__file__).resolve().parent
     in_tree = engine == ROOT / "django_mongolock"
-    dirty = in_tree and bool(_git("status", "--porcelain", "--", "django_mongolock"))
+    changed = [
+        part
+        for part, path in (("engine", "django_mongolock"), ("benchmarks", "benchmarks"))
+        if (in_tree or part == "benchmarks") and _git("status", "--porcelain", "--", path)
+    ]
     return {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/run.py", *map(shlex.quote, argv)]),
         "mode": plan.mode,
         "plan": asdict(plan),
         "workloads": list(selected),
-        "commit": commit + (" (engine with uncommitted changes)" if dirty else ""),
+        "commit": commit
+        + (f" ({' and '.join(changed)} with uncommitted changes)" if changed else ""),
         "engine_path": str(engine),
         "engine_label": os.environ.get("MONGOLOCK_BENCH_ENGINE", ""),
         "engine_in_tree": in_tree,

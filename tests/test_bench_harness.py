@@ -21,7 +21,7 @@ from pymongo.errors import PyMongoError
 from benchmarks import workers
 from benchmarks.contenders import DATABASE, Kind, Spec, build
 from benchmarks.refreshing import _time_ticks
-from benchmarks.scale import waves
+from benchmarks.scale import after_arrival, waves
 from benchmarks.workers import Job, Pool, Shared
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
@@ -63,6 +63,22 @@ def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
     assert waves(4) == [4]
     assert waves(2) == [2]  # fewer than the first wave: one wave of them all
     assert waves(16, first=8) == [8, 16]
+
+
+def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() -> None:
+    """Process 1 asks last (at 4.0): the release that began before (at 3.0) is neither a
+    release nor the start of a wake-up counted after arrival; the two after it are."""
+    workers = [
+        # (asked, returned from acquire, release called, release returned)
+        {"worker": 0, "records": [(0.0, 2.0, 3.0, 3.5), (6.0, 7.0, 8.0, 8.25)]},
+        {"worker": 1, "records": [(4.0, 5.0, 6.0, 6.5)]},
+        {"worker": 2, "records": [(1.0, 9.0, 10.0, 10.75)]},
+        {"worker": 3, "records": []},
+    ]
+    arrival, wakes, releases = after_arrival(workers)
+    assert arrival == 4.0
+    assert wakes == [7.0 - 6.0, 9.0 - 8.0]
+    assert releases == [0.5, 0.25, 0.75]
 
 
 def test_the_safety_counts_see_an_overlap_and_a_lost_update(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import io
 import os
 import platform
 import selectors
@@ -15,11 +15,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pymongo import MongoClient, WriteConcern
-from pymongo.errors import PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from django_mongolock import testing
@@ -396,23 +395,18 @@ def test_serve_keeps_its_data_and_stops_on_sigint_and_sigterm(tmp_path: Path) ->
 
 
 def test_serve_in_process_stops_on_sigterm(capsys: pytest.CaptureFixture[str]) -> None:
-    """The same command, run here so that coverage sees it; a thread plays the operator."""
+    """The same command, run here so that coverage sees it; a thread plays the operator,
+    and stops it once it has printed its URL (it prints it when its server is ready)."""
     port = free_port()
+    url = f"MONGOLOCK_URL=mongodb://127.0.0.1:{port}/?replicaSet=inproc\n"
+    # capsys's stdout: it keeps what serve prints until the test reads it.
+    printed = cast("io.StringIO", sys.stdout).getvalue
 
     def operator() -> None:
-        url = f"mongodb://127.0.0.1:{port}/?directConnection=true"
         deadline = time.monotonic() + 60
-        client: MongoClient[dict[str, Any]] = MongoClient(url, serverSelectionTimeoutMS=2000)
-        with client:
-            while time.monotonic() < deadline:
-                with contextlib.suppress(PyMongoError):
-                    if client.admin.command("hello").get("isWritablePrimary"):
-                        break
-                time.sleep(0.1)
-            else:  # pragma: no cover - serve failed; its return code tells
-                return
-        time.sleep(0.5)  # let serve print its URL and wait on mongod
-        os.kill(os.getpid(), signal.SIGTERM)  # serve's handler is in place: it was listening
+        while time.monotonic() < deadline and url not in printed():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's handler is in place: it printed
 
     before = signal.getsignal(signal.SIGTERM)
     thread = threading.Thread(target=operator, daemon=True)
@@ -420,8 +414,7 @@ def test_serve_in_process_stops_on_sigterm(capsys: pytest.CaptureFixture[str]) -
     assert testing.main(["serve", "--port", str(port), "--replset", "inproc"]) == 0
     thread.join(timeout=10)
     assert signal.getsignal(signal.SIGTERM) == before
-    out = capsys.readouterr().out
-    assert out == f"MONGOLOCK_URL=mongodb://127.0.0.1:{port}/?replicaSet=inproc\n"
+    assert capsys.readouterr().out == url
 
 
 def test_serve_reports_a_failed_start(capsys: pytest.CaptureFixture[str]) -> None:

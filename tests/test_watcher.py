@@ -99,11 +99,14 @@ def test_waiters_still_acquire_when_the_stream_is_down(
     monkeypatch.setattr(Watcher, "ensure_running", lambda self, owner="": None)
     holder = manager.acquire("no-stream", ttl=30)
     attempts = count_attempts(other)
+    started = time.monotonic()
     thread, result = _wait_in_thread(other, "no-stream", timeout=20)
-    time.sleep(1.5)
+    # Without the stream the waiter tries again, backing off: several attempts (however
+    # slow the machine), but no hammering, which would make hundreds in 1.5 s.
+    until(lambda: len(attempts) >= 3, 10, "three attempts without the stream")
+    time.sleep(max(0.0, started + 1.5 - time.monotonic()))
     assert not other.watcher.healthy
-    # Without the stream the waiter backs off: several attempts, but no hammering.
-    assert 3 <= len(attempts) <= 20
+    assert len(attempts) <= 20
     holder.release()
     thread.join(timeout=10)
     lock, _, _ = result[0]
