@@ -277,11 +277,13 @@ def after_arrival(
 ) -> tuple[float, list[float], list[float]]:
     """The run once every process has asked for the key: how long they took to ask
     (from the first call to ``acquire`` to the last process's first), then the wake-ups
-    and the release calls' times of the releases that began after that.
+    and the release calls' times of the releases that began at or after that.
 
-    They tell apart what a long line costs each release (its document, and the write
-    that hands it on, grow with the places in it) from the arrival of every process at
-    once, whose joins queue on that one document with the releases meanwhile.
+    They set what each release costs once every process waits in line (its document,
+    and the write that hands it on, grow with the places in it) apart from the start,
+    when all of them call at once. The last to ask may still be joining just after:
+    the split is by the calls, not by the joins' writes. A process that never got the
+    key has no record of when it asked, and is left out.
     """
     firsts = [w["records"][0][0] for w in workers if w["records"]]
     if not firsts:
@@ -387,10 +389,10 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "the gap from a holder's release call to the next holder's return (both on "
         "CLOCK_MONOTONIC, shared by the processes of one host). *Arrival*: from the "
         "first process's call to `acquire` to the last one's, all starting together; "
-        "*p99 after arrival* and *release p50* count only the releases that began after "
-        "it (the release call's own time is the handing write): they tell what each "
-        "release costs once the line has formed from what the joins of all the processes "
-        "at once cost the releases among them. *Ops per release*: every "
+        "*p99 after arrival* and *release p50* count only the releases that began at or "
+        "after it (a release call's time is mostly its handing write): they set what "
+        "each release costs once every process has asked apart from the start, when all "
+        "of them call at once. *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
         "commands, change-stream getMores of every process) over the releases, divided by "
         "them. *Writes per release*: the server's write commands alone "

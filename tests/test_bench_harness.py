@@ -67,7 +67,8 @@ def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
 
 def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() -> None:
     """Process 1 asks last (at 4.0): the release that began before (at 3.0) is neither a
-    release nor the start of a wake-up counted after arrival; the two after it are."""
+    release nor the start of a wake-up counted after arrival; the three releases after
+    it are, and the two wake-ups that follow them."""
     workers = [
         # (asked, returned from acquire, release called, release returned)
         {"worker": 0, "records": [(0.0, 2.0, 3.0, 3.5), (6.0, 7.0, 8.0, 8.25)]},

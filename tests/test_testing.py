@@ -399,20 +399,26 @@ def test_serve_in_process_stops_on_sigterm(capsys: pytest.CaptureFixture[str]) -
     and stops it once it has printed its URL (it prints it when its server is ready)."""
     port = free_port()
     url = f"MONGOLOCK_URL=mongodb://127.0.0.1:{port}/?replicaSet=inproc\n"
-    # capsys's stdout: it keeps what serve prints until the test reads it.
+    # capsys's stdout (pytest's CaptureIO, a TextIOWrapper over a BytesIO, not a StringIO)
+    # keeps what serve prints until the test reads it: getvalue() reads without taking.
     printed = cast("io.StringIO", sys.stdout).getvalue
+    ended = threading.Event()
 
     def operator() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and url not in printed():
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)  # serve's handler is in place: it printed
+        while not ended.wait(0.05):
+            if url in printed():  # serve's handler is in place: it printed
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     before = signal.getsignal(signal.SIGTERM)
     thread = threading.Thread(target=operator, daemon=True)
     thread.start()
-    assert testing.main(["serve", "--port", str(port), "--replset", "inproc"]) == 0
+    try:
+        code = testing.main(["serve", "--port", str(port), "--replset", "inproc"])
+    finally:
+        ended.set()  # serve failed, or stopped: nothing more to stop
     thread.join(timeout=10)
+    assert code == 0
     assert signal.getsignal(signal.SIGTERM) == before
     assert capsys.readouterr().out == url
 
