@@ -102,8 +102,8 @@ def test_waiters_still_acquire_when_the_stream_is_down(
     started = time.monotonic()
     thread, result = _wait_in_thread(other, "no-stream", timeout=20)
     # Without the stream the waiter tries again, backing off: its first attempts come
-    # fast (a waiter that took the stream for up would look again only after 1.5 s, in
-    # the line check), but no hammering, which would make hundreds in 1.5 s.
+    # fast (a waiter that took the stream for up would look again only after
+    # ``BEHIND_IN_LINE``, 1.5 s), but no hammering, which would make hundreds in 1.5 s.
     until(lambda: len(attempts) >= 3, 10, "three attempts without the stream")
     assert attempts[2] - attempts[0] < 1.0
     time.sleep(max(0.0, started + 1.5 - time.monotonic()))
