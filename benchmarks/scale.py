@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
+from benchmarks import line_cost
 from benchmarks.contenders import DATABASE, TTL, Spec
 from benchmarks.stats import ms, summary
 from benchmarks.workers import Job, Pool
@@ -448,6 +449,8 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
     lines += _table(header, rows)
     if image:
         lines += [f"![Wake-up and server operations per release against waiters]({image})", ""]
+    if "line" in data:
+        lines += line_cost.render(data["line"])
     return lines
 
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
-from benchmarks import instruments, report
+from benchmarks import instruments, line_cost, report
 from benchmarks import scale as scaling
 from benchmarks.contenders import DATABASE, Spec
 from benchmarks.labels import INSTRUMENTED
@@ -59,6 +59,8 @@ class Plan:
     scale_keys: tuple[int, ...] = ()
     scale_processes: tuple[int, ...] = ()
     scale_seconds: float = 3.0
+    line_places: tuple[int, ...] = ()
+    line_turns: int = 7
 
 
 # Many short interleaved rounds rather than a few long ones: a ratio is taken between
@@ -79,6 +81,8 @@ FULL: Final = Plan(
     scale_keys=(4, 50, 500),
     scale_processes=(4, 16, 48),
     scale_seconds=3.0,
+    line_places=line_cost.LINES,
+    line_turns=7,
 )
 QUICK: Final = Plan(
     mode="quick",
@@ -96,6 +100,8 @@ QUICK: Final = Plan(
     scale_keys=(4, 100),
     scale_processes=(4, 12),
     scale_seconds=1.5,
+    line_places=(4, 64, 200),
+    line_turns=3,
 )
 
 
@@ -399,7 +405,7 @@ def scale(bench: Bench) -> dict[str, Any]:
     reference = None
     if bench.redis is not None:
         reference = bench.spec("python-redis-lock", "redis", "scale_processes")
-    return scaling.run(
+    result = scaling.run(
         bench.mongo.url,
         spec,
         plan.scale_keys,
@@ -409,6 +415,16 @@ def scale(bench: Bench) -> dict[str, Any]:
         say,
         reference,
     )
+    if plan.line_places:
+        result["line"] = line = line_cost.run(
+            bench.mongo.url, plan.line_places, turns=plan.line_turns
+        )
+        for places, point in line["points"].items():
+            say(
+                f"  a handoff over {places} places: "
+                f"{(point['handoff'] - point['plain']) * 1e6:,.0f} µs of server work"
+            )
+    return result
 
 
 # -- 8. instrumentation ------------------------------------------------------------------------

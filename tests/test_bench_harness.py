@@ -18,7 +18,7 @@ from pymongo import MongoClient, uri_parser
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
-from benchmarks import workers
+from benchmarks import line_cost, workers
 from benchmarks.contenders import DATABASE, Kind, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
@@ -256,3 +256,42 @@ def test_the_refresh_pairs_take_turns_going_first_and_drop_the_warm_up(
     assert len(ours) == len(floor) == 4
     # The first turn warms up (not kept); then the order flips every turn.
     assert calls == ["raw", "tick"] + ["tick", "raw", "raw", "tick"] * 2
+
+
+def test_the_line_cost_applies_each_write_as_it_would_change_a_running_line(
+    mongolock_url: str, bench_database: None
+) -> None:
+    """Each write of the line-cost table does its real work on every document: the
+    handoff makes the first waiter the holder and names the second the head, the renewal
+    moves the last place on, the join adds a place; the plain write leaves the line."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    collection = client[DATABASE]["harness_line"]
+    try:
+        writes = line_cost._writes(5)
+        line_cost._turn(collection, 3, 5, writes["handoff"])
+        for doc in collection.find():
+            assert (doc["owner"], doc["head"]) == ("waiter-0", "waiter-1")
+            assert doc["token"] > 5
+        line_cost._turn(collection, 3, 5, writes["renewal"])
+        for doc in collection.find():
+            assert doc["waiters"][-1]["until"] > doc["waiters"][0]["until"]
+        line_cost._turn(collection, 3, 5, writes["join"])
+        for doc in collection.find():
+            assert [place["owner"] for place in doc["waiters"]][-1] == "newcomer"
+            assert len(doc["waiters"]) == 6
+        line_cost._turn(collection, 3, 5, writes["plain"])
+        for doc in collection.find():
+            assert len(doc["waiters"]) == 5
+            assert doc["owner"] == "holder"
+    finally:
+        client.close()
+    data = line_cost.run(mongolock_url, (2, 8), documents=3, turns=1, name="harness_line_run")
+    assert list(data["points"]) == ["2", "8"]
+    for point in data["points"].values():
+        assert set(point) == {*line_cost.WRITES, "plain"}
+        assert min(point.values()) > 0
+    table = line_cost.render(data)
+    assert [row.split(" | ")[0] for row in table if row.startswith("| ") and row[2].isdigit()] == [
+        "| 2",
+        "| 8",
+    ]

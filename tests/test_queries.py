@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import bson
 import pytest
 
 from django_mongolock import mongo, queries
@@ -90,3 +95,65 @@ def test_messages_never_carry_credentials() -> None:
     )
     assert mongo.brief(text) == "cannot reach mongodb://***@db:27017/?x=1"
     assert "secret" not in mongo.redact("mongodb+srv://u:secret@cluster/")
+
+
+# What names a whole line inside a query: the stored line, and the variables the
+# queries bind to one (``$$q``: the live places; ``kept``'s two).
+_LINE = re.compile(r"^\$(waiters|\$q|\$all_places|\$live_places)(\.|$)")
+
+
+def _per_place_bodies(node: object) -> Iterator[object]:
+    """The bodies of every ``$map`` and ``$filter`` over a line in ``node``: evaluated
+    once per place."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _per_place_bodies(item)
+    elif isinstance(node, dict):
+        for op, body_key in (("$map", "in"), ("$filter", "cond")):
+            spec = node.get(op)
+            if isinstance(spec, dict) and _mentions_line(spec.get("input")):
+                yield spec[body_key]
+        for value in node.values():
+            yield from _per_place_bodies(value)
+
+
+def _mentions_line(node: object) -> bool:
+    if isinstance(node, str):
+        return bool(_LINE.match(node))
+    if isinstance(node, dict):
+        return any(_mentions_line(value) for value in node.values())
+    if isinstance(node, list):
+        return any(_mentions_line(item) for item in node)
+    return False
+
+
+def _every_write_on_a_line() -> Iterator[tuple[str, dict[str, Any]]]:
+    for queue, shared, limit, tags in itertools.product(
+        (False, True), (False, True), (None, 3), ({}, {"kind": "x"})
+    ):
+        if limit is not None and not shared:
+            continue
+        op = queries.acquire("me", 5.0, queue=queue, shared=shared, limit=limit, tags=tags)
+        yield f"acquire {queue=} {shared=} {limit=} {tags=}", op.command("locks", "k")
+    for contended in (False, True):
+        for n, release in enumerate(queries.release_writes(contended=contended)):
+            yield f"release {contended=} #{n}", release("k", "me", 7).command("locks")
+    yield "leave", queries.leave("k", "me").command("locks")
+    for shared in (False, True):
+        yield f"give up {shared=}", queries.give_up("k", "me", shared=shared).command("locks")
+    query, pipeline = queries.release_many([("k", "me", 7)])
+    yield "release many", {"q": query, "u": pipeline}
+    yield "release shared", {"u": queries.release_shared("k", "me", 7).pipeline}
+
+
+@pytest.mark.parametrize(("name", "command"), list(_every_write_on_a_line()))
+def test_no_write_works_per_place_over_the_whole_line(name: str, command: dict[str, Any]) -> None:
+    """What a write evaluates for each place of a line names that place and single
+    values only: naming the line again there (``$$q.owner``, say) makes the server build
+    the whole line's list once per place, so a handoff over a line of 1,000 places took
+    about 68 ms of server time, against about 4 ms with the line's values bound once."""
+    plain = bson.decode(bson.encode(command))  # the encoded parts as plain documents
+    bodies = list(_per_place_bodies(plain))
+    assert bodies  # every one of them reads the line
+    for body in bodies:
+        assert not _mentions_line(body), f"{name}: a per-place expression names the line"

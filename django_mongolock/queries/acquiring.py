@@ -112,6 +112,14 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
     elif handoff:
         place.update(hand=True, ttl="$$ttl", ttl_ms="$$ttl_ms")
     renewed = {"$and": [place_live(), {"$eq": ["$$w.owner", _ME]}]}
+    # The new place is bound once, outside the ``$map`` that renews it: its ``until``
+    # looks at the line (``$$q``), which no expression evaluated per place may do.
+    return {"$let": {"vars": {"place": place}, "in": _join_or_renew(renewed)}}
+
+
+def _join_or_renew(renewed: Any) -> dict[str, Any]:
+    """The line with ``$$place`` in it: the caller's live place replaced by it, or it
+    added at the end (unless the line is full)."""
     return {
         "$cond": [
             {"$in": [_ME, "$$q.owner"]},
@@ -124,7 +132,7 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
                                 "$map": {
                                     "input": PLACES,
                                     "as": "w",
-                                    "in": {"$cond": [renewed, place, "$$w"]},
+                                    "in": {"$cond": [renewed, "$$place", "$$w"]},
                                 }
                             }
                         )
@@ -138,7 +146,7 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
                     {
                         "$mergeObjects": [
                             "$$ROOT",
-                            {"waiters": kept({"$concatArrays": [PLACES, [place]]})},
+                            {"waiters": kept({"$concatArrays": [PLACES, ["$$place"]]})},
                         ]
                     },
                 ]

@@ -45,26 +45,34 @@ def _cut(place: Any, ms: int) -> dict[str, Any]:
 
 def _handed_line() -> dict[str, Any]:
     """The line after a handoff to the first live place ``$$n`` (its head now the owner
-    of the second, ``$$q.owner[1]``): the new holder's place marked lapsed where it
-    stands (``LAPSED_PLACE``), the new head's place cut to the grace period (the
-    handoff wakes it, and it renews it), every live place behind to ``LINE_CHECK_MS``
-    beyond that (their waiters look again at least that often). The cut changes only
-    the places that last past it (renewed since the previous handoff while a lease
-    longer than the line check was held); no place moves, so the write does not grow
-    with the line.
+    of the second, ``$$head``): the new holder's place marked lapsed where it stands
+    (``LAPSED_PLACE``), the new head's place cut to the grace period (the handoff wakes
+    it, and it renews it), every live place behind to ``LINE_CHECK_MS`` beyond that
+    (their waiters look again at least that often). The cut changes only the places
+    that last past it (renewed since the previous handoff while a lease longer than the
+    line check was held); no place moves, so the write does not grow with the line.
+    Each place is compared with the two owners bound once: naming the head by an
+    expression over the line inside the ``$map`` would rebuild the line's owners for
+    every place, a handoff's work growing with the square of the line.
     """
-    head = {"$arrayElemAt": ["$$q.owner", 1]}
     place = {
         "$switch": {
             "branches": [
                 {"case": {"$not": [place_live()]}, "then": "$$w"},
                 {"case": {"$eq": ["$$w.owner", "$$n.owner"]}, "then": LAPSED_PLACE},
-                {"case": {"$eq": ["$$w.owner", head]}, "then": _cut("$$w", PLACE_GRACE_MS)},
+                {"case": {"$eq": ["$$w.owner", "$$head"]}, "then": _cut("$$w", PLACE_GRACE_MS)},
             ],
             "default": _cut("$$w", LINE_CHECK_MS + PLACE_GRACE_MS),
         }
     }
     return kept({"$map": {"input": PLACES, "as": "w", "in": place}})
+
+
+# The owner of the second live place (``$$q``), the head after a handoff; missing when
+# there is none. Picked by index, not from ``$$q.owner``, which builds every owner's list.
+_SECOND_OWNER: Final = {
+    "$let": {"vars": {"second": {"$arrayElemAt": ["$$q", 1]}}, "in": "$$second.owner"}
+}
 
 
 # ``released_at`` always changes (even two releases in one millisecond), so that the
@@ -131,7 +139,7 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
                 "ttl": "$$n.ttl",
                 "released_at": RELEASED_AT,
                 "waiters": _handed_line(),
-                "head": {"$ifNull": [{"$arrayElemAt": ["$$q.owner", 1]}, None]},
+                "head": {"$ifNull": ["$$head", None]},
                 "ended": ended_with("$owner"),
                 "group": None,
                 "kind": None,
@@ -144,7 +152,7 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
             "vars": {"q": LIVE_WAITERS},
             "in": {
                 "$let": {
-                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}},
+                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}, "head": _SECOND_OWNER},
                     "in": {"$cond": [handing, handed, freed]},
                 }
             },
