@@ -2,13 +2,15 @@
 
 A release that hands the key on, a waiter renewing its place, and a waiter joining the
 line each rewrite the line inside the key's document. Here each of those writes, as the
-library builds it, is applied by one ``update_many`` to ``documents`` documents that each
+library builds it, is applied by one ``update_many`` to documents that each
 carry a line of ``N`` live places (lasting as long as a waiter's that looked again
 within the line check), beside a plain write of the same documents (one field
 set, the line untouched): the time per document, less the plain write's, is the work the
 line costs one such write. The documents are written afresh before every turn, so each
 turn applies the write to the same line. One command per turn, so the wait for the
-majority write concern is shared by the documents and does not hide their work.
+majority write concern is shared by the documents and does not hide their work; the
+shorter the line, the more documents (``places`` places in all, ``documents`` documents
+at least), so that every line's figure rests on as much work.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = ["LINES", "WRITES", "render", "run"]
 # A full line (``MAX_WAITERS`` places) takes no join: the longest stays below it.
 LINES: Final = (4, 16, 64, 200, 900)
 DOCUMENTS: Final = 50
+PLACES: Final = 20_000
 TURNS: Final = 7
 # The writes measured, in the table's order.
 WRITES: Final = ("handoff", "renewal", "join")
@@ -100,6 +103,7 @@ def run(
     url: str,
     lines: Sequence[int] = LINES,
     documents: int = DOCUMENTS,
+    places_in_all: int = PLACES,
     turns: int = TURNS,
     name: str = "line_cost",
 ) -> dict[str, Any]:
@@ -111,22 +115,24 @@ def run(
     try:
         for places in lines:
             writes = _writes(places)
-            spent: dict[str, list[float]] = {name: [] for name in writes}
+            count = max(documents, places_in_all // places)
+            spent: dict[str, list[float]] = {write: [] for write in writes}
             for turn in range(turns + 1):  # the first turn warms up and is not kept
                 # Each write goes first in turn, so none always follows the same one.
                 names = list(writes)
                 shift = turn % len(names)
                 for write in names[shift:] + names[:shift]:
-                    taken = _turn(collection, documents, places, writes[write])
+                    taken = _turn(collection, count, places, writes[write])
                     if turn:
                         spent[write].append(taken)
             points[str(places)] = {
-                write: statistics.median(times) for write, times in spent.items()
+                **{write: statistics.median(times) for write, times in spent.items()},
+                "documents": count,
             }
         collection.drop()
     finally:
         client.close()
-    return {"documents": documents, "turns": turns, "points": points}
+    return {"turns": turns, "points": points}
 
 
 def render(data: Mapping[str, Any]) -> list[str]:
@@ -135,8 +141,8 @@ def render(data: Mapping[str, Any]) -> list[str]:
     lines = [
         "### Server work per write by line length",
         "",
-        f"Each write as the library sends it, applied by one `update_many` to {data['documents']} "
-        "documents that each carry a line of that many live places, against a plain write "
+        "Each write as the library sends it, applied by one `update_many` to the *documents*, "
+        "each carrying a line of that many live places, against a plain write "
         "of the same documents (one field set, the line untouched); the median of "
         f"{data['turns']} turns, per document, less the plain write's. *Handoff*: a release "
         "that hands the key to the first place; *renewal*: the last waiter renewing its "
@@ -144,8 +150,8 @@ def render(data: Mapping[str, Any]) -> list[str]:
         "work beyond the shortest line's, divided by the places beyond it: flat while the "
         "work grows in proportion to the line.",
         "",
-        "| places | handoff | renewal | join | plain write | handoff per added place |",
-        "|---|---|---|---|---|---|",
+        "| places | documents | handoff | renewal | join | plain write | handoff per added place |",
+        "|---|---|---|---|---|---|---|",
     ]
     first: tuple[int, float] | None = None
     for places, point in points:
@@ -158,7 +164,7 @@ def render(data: Mapping[str, Any]) -> list[str]:
             added = (extra["handoff"] - first[1]) / (int(places) - first[0])
             per_place = f"{added * 1e6:.2f} µs"
         lines.append(
-            f"| {int(places):,} | "
+            f"| {int(places):,} | {point['documents']:,} | "
             + " | ".join(figures)
             + f" | {point['plain'] * 1e6:,.0f} µs | {per_place} |"
         )

@@ -285,13 +285,15 @@ def test_the_line_cost_applies_each_write_as_it_would_change_a_running_line(
             assert doc["owner"] == "holder"
     finally:
         client.close()
-    data = line_cost.run(mongolock_url, (2, 8), documents=3, turns=1, name="harness_line_run")
+    data = line_cost.run(
+        mongolock_url, (2, 8), documents=3, places_in_all=16, turns=1, name="harness_line_run"
+    )
+    table = line_cost.render(data)
+    rows = [row.split(" | ")[:2] for row in table if row.startswith("| ") and row[2].isdigit()]
+    assert rows == [["| 2", "8"], ["| 8", "3"]]
     assert list(data["points"]) == ["2", "8"]
+    # The shorter line is written to more documents, down to the least asked for.
+    assert [point.pop("documents") for point in data["points"].values()] == [8, 3]
     for point in data["points"].values():
         assert set(point) == {*line_cost.WRITES, "plain"}
         assert min(point.values()) > 0
-    table = line_cost.render(data)
-    assert [row.split(" | ")[0] for row in table if row.startswith("| ") and row[2].isdigit()] == [
-        "| 2",
-        "| 8",
-    ]
