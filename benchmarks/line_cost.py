@@ -2,22 +2,27 @@
 
 A release that hands the key on, a waiter renewing its place, and a waiter joining the
 line each rewrite the line inside the key's document. Here each of those writes, as the
-library builds it, is applied by one ``update_many`` to documents that each
-carry a line of ``N`` live places (lasting as long as a waiter's that looked again
-within the line check), beside a plain write of the same documents (one field
-set, the line untouched): the time per document, less the plain write's, is the work the
-line costs one such write. The documents are written afresh before every turn, so each
-turn applies the write to the same line. One command per turn, so the wait for the
-majority write concern is shared by the documents and does not hide their work; the
-shorter the line, the more documents (``places`` places in all, ``documents`` documents
-at least), so that every line's figure rests on as much work.
+library builds it, is applied by one ``update_many`` to documents that each carry a line
+of ``N`` live places, beside a plain write of the same documents (one field set, the
+line untouched): the time per document, less the plain write's, is the work the line
+costs one such write. The places last as long as those of waiters that looked again
+within the line check, so that a handoff cuts only the new head's place; the handoff is
+measured a second time over places that last a minute (a line that joined behind a long
+lease), which its cut shortens every one of. The documents are written afresh before
+every turn, timed by the server's clock, and checked after the write for what it was to
+do. One command per turn, so the wait for the majority write concern is shared by the
+documents and does not hide their work; the shorter the line, the more documents (at
+least ``places_in_all`` places, and ``documents`` documents), so that no line's figure
+rests on less work than that.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -36,19 +41,30 @@ DOCUMENTS: Final = 50
 PLACES: Final = 20_000
 TURNS: Final = 7
 # The writes measured, in the table's order.
-WRITES: Final = ("handoff", "renewal", "join")
+WRITES: Final = ("handoff", "handoff, every place cut", "renewal", "join")
 _HOLDER: Final = "holder"
 _TOKEN: Final = 5
 # Far enough that no lease ends during a run.
 _FAR: Final = datetime(2100, 1, 1, tzinfo=UTC)
 # How long the places last from their write: as a waiter's that looked again within the
-# line check, so that a handoff cuts none but the new head's (it changes what changed
-# hands, as it would in a running line, not every place).
+# line check, which a handoff's cut of the places behind its new head leaves as they are.
 PLACES_LAST: Final = timedelta(milliseconds=queries.LINE_CHECK_MS)
+# Places of waiters that joined behind a long lease: a handoff cuts every one.
+LONG_PLACES_LAST: Final = timedelta(minutes=1)
 
 
-def _document(number: int, places: int, at: datetime) -> dict[str, Any]:
-    until = at + PLACES_LAST
+@dataclass(frozen=True)
+class Write:
+    """One write over every document, the places it meets, and what it must have done."""
+
+    pipeline: list[Any]
+    let: Mapping[str, Any] | None
+    done: Mapping[str, Any]  # a filter every document matches after the write
+    last: timedelta = PLACES_LAST
+
+
+def _document(number: int, places: int, at: datetime, last: timedelta) -> dict[str, Any]:
+    until = at + last
     line = [
         {"owner": f"waiter-{n}", "until": until, "at": at, "hand": True, "ttl": 60.0}
         | {"ttl_ms": 60_000}
@@ -67,35 +83,41 @@ def _document(number: int, places: int, at: datetime) -> dict[str, Any]:
     }
 
 
-def _writes(places: int) -> dict[str, tuple[dict[str, Any], list[Any], Mapping[str, Any] | None]]:
-    """(filter, pipeline, let) of each write, over every document of the collection."""
-    handing = queries.release_writes(contended=True)[0]("-", _HOLDER, _TOKEN)
+def _writes(places: int) -> dict[str, Write]:
+    """Each write, and the plain one, over every document of the collection."""
+    handing = list(queries.release_writes(contended=True)[0]("-", _HOLDER, _TOKEN).pipeline)
     renewing = queries.acquire(f"waiter-{places - 1}", 60.0, queue=True)
     joining = queries.acquire("newcomer", 60.0, queue=True)
-    every = {"owner": _HOLDER, "token": _TOKEN}
+    handed = {"owner": "waiter-0", "head": "waiter-1" if places > 1 else None}
     return {
-        "handoff": (every, list(handing.pipeline), None),
-        "renewal": (every, list(renewing.pipeline), renewing.let),
-        "join": (every, list(joining.pipeline), joining.let),
-        "plain": (every, [{"$set": {"refreshed_at": "$$NOW"}}], None),
+        "handoff": Write(handing, None, handed),
+        "handoff, every place cut": Write(handing, None, handed, LONG_PLACES_LAST),
+        # Renewed where it stands (a lapsed place would have made it join at the end).
+        "renewal": Write(
+            list(renewing.pipeline), renewing.let, {f"waiters.{places}": {"$exists": False}}
+        ),
+        "join": Write(list(joining.pipeline), joining.let, {f"waiters.{places}.owner": "newcomer"}),
+        "plain": Write([{"$set": {"refreshed_at": "$$NOW"}}], None, {"owner": _HOLDER}),
     }
 
 
 def _turn(
-    collection: Collection[dict[str, Any]],
-    documents: int,
-    places: int,
-    write: tuple[dict[str, Any], list[Any], Mapping[str, Any] | None],
+    collection: Collection[dict[str, Any]], documents: int, places: int, write: Write
 ) -> float:
     collection.delete_many({})
-    at = datetime.now(UTC)
-    collection.insert_many([_document(n, places, at) for n in range(documents)])
-    query, pipeline, let = write
+    at = collection.database.client.admin.command("hello")["localTime"].replace(tzinfo=UTC)
+    collection.insert_many([_document(n, places, at, write.last) for n in range(documents)])
     started = time.perf_counter()
-    result = collection.update_many(query, pipeline, let=let)
+    result = collection.update_many(
+        {"owner": _HOLDER, "token": _TOKEN}, write.pipeline, let=write.let
+    )
     spent = time.perf_counter() - started
-    if result.modified_count != documents:
-        raise RuntimeError(f"a write changed {result.modified_count} of {documents} documents")
+    done = collection.count_documents(write.done)
+    if result.modified_count != documents or done != documents:
+        raise RuntimeError(
+            f"a write changed {result.modified_count} of {documents} documents, "
+            f"and left {done} as it was to"
+        )
     return spent / documents
 
 
@@ -118,10 +140,11 @@ def run(
             count = max(documents, places_in_all // places)
             spent: dict[str, list[float]] = {write: [] for write in writes}
             for turn in range(turns + 1):  # the first turn warms up and is not kept
-                # Each write goes first in turn, so none always follows the same one.
+                # A new order every turn (the same in every run), so that no write
+                # always meets the server right after the same one.
                 names = list(writes)
-                shift = turn % len(names)
-                for write in names[shift:] + names[:shift]:
+                random.Random(turn).shuffle(names)
+                for write in names:
                     taken = _turn(collection, count, places, writes[write])
                     if turn:
                         spent[write].append(taken)
@@ -142,30 +165,36 @@ def render(data: Mapping[str, Any]) -> list[str]:
         "### Server work per write by line length",
         "",
         "Each write as the library sends it, applied by one `update_many` to the *documents*, "
-        "each carrying a line of that many live places, against a plain write "
-        "of the same documents (one field set, the line untouched); the median of "
+        "each carrying a line of that many live places, against a plain write of the same "
+        "documents (one field set, the line untouched); the median of "
         f"{data['turns']} turns, per document, less the plain write's. *Handoff*: a release "
-        "that hands the key to the first place; *renewal*: the last waiter renewing its "
-        "place; *join*: a newcomer joining at the end. *Per added place*: the handoff's "
-        "work beyond the shortest line's, divided by the places beyond it: flat while the "
-        "work grows in proportion to the line.",
+        "that hands the key to the first place, over places that last the line check (its "
+        "cut shortens the new head's place only); *every place cut*: the same over places "
+        "that last a minute, as in a line that joined behind a long lease; *renewal*: the "
+        "last waiter renewing its place; *join*: a newcomer joining at the end. *Per added "
+        "place*: a handoff's work beyond the first row's, divided by the places beyond it: "
+        "flat while the work grows in proportion to the line.",
         "",
-        "| places | documents | handoff | renewal | join | plain write | handoff per added place |",
-        "|---|---|---|---|---|---|---|",
+        "| places | documents | handoff | every place cut | renewal | join | plain write "
+        "| per added place: handoff | every place cut |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    first: tuple[int, float] | None = None
+    handoffs = WRITES[:2]
+    first: tuple[int, dict[str, float]] | None = None
     for places, point in points:
-        extra = {name: max(point[name] - point["plain"], 0.0) for name in WRITES}
+        extra = {name: point[name] - point["plain"] for name in WRITES}
         figures = [f"{extra[name] * 1e6:,.0f} µs" for name in WRITES]
         if first is None:
-            first = (int(places), extra["handoff"])
-            per_place = "n/a"
+            first = (int(places), extra)
+            per_place = ["n/a"] * len(handoffs)
         else:
-            added = (extra["handoff"] - first[1]) / (int(places) - first[0])
-            per_place = f"{added * 1e6:.2f} µs"
+            beyond = int(places) - first[0]
+            per_place = [
+                f"{(extra[name] - first[1][name]) / beyond * 1e6:.2f} µs" for name in handoffs
+            ]
         lines.append(
             f"| {int(places):,} | {point['documents']:,} | "
-            + " | ".join(figures)
-            + f" | {point['plain'] * 1e6:,.0f} µs | {per_place} |"
+            + " | ".join([*figures, f"{point['plain'] * 1e6:,.0f} µs", *per_place])
+            + " |"
         )
     return [*lines, ""]

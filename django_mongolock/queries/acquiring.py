@@ -113,7 +113,8 @@ def _queue_busy(shared: bool, handoff: bool) -> dict[str, Any]:
         place.update(hand=True, ttl="$$ttl", ttl_ms="$$ttl_ms")
     renewed = {"$and": [place_live(), {"$eq": ["$$w.owner", _ME]}]}
     # The new place is bound once, outside the ``$map`` that renews it: its ``until``
-    # looks at the line (``$$q``), which no expression evaluated per place may do.
+    # looks at the line (``$$q``), which no expression evaluated per place may name (it
+    # was only ever evaluated for the caller's own place, at the same cost as here).
     return {"$let": {"vars": {"place": place}, "in": _join_or_renew(renewed)}}
 
 

@@ -28,7 +28,8 @@ __all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", 
 
 
 # A release that frees the key marks the document freed (every watcher wakes its waiters
-# of the key on it) and shortens every place in line to the grace period from now: live
+# of the key on it) and shortens every place in line (``places``: live ones only, as
+# ``_cut`` takes them) to the grace period from now: live
 # waiters, woken by the release, renew theirs at their next attempt; a dead waiter's place
 # then lapses within the grace period instead of at the lease end it was waiting for. A
 # release that hands the key on wakes only its new holder and head (``_handed_line``).
@@ -38,8 +39,8 @@ def shortened(places: Any, grace_ms: int = PLACE_GRACE_MS) -> dict[str, Any]:
 
 def _cut(place: Any, ms: int) -> dict[str, Any]:
     """``place`` (a live one) lasting at most ``ms`` from now. Rebuilt only when it lasts
-    longer: most places of a running line end sooner, and rebuilding each of them cost
-    a handoff over a long line more than all its other work on the line."""
+    longer: most places of a running line end sooner, and rebuilding every one of them
+    was about half of a handoff's work over a line of 900."""
     cutoff = {"$add": ["$$NOW", ms]}
     return {
         "$cond": [
@@ -57,7 +58,8 @@ def _handed_line() -> dict[str, Any]:
     it, and it renews it), every live place behind to ``LINE_CHECK_MS`` beyond that
     (their waiters look again at least that often). The cut changes only the places
     that last past it (renewed since the previous handoff while a lease longer than the
-    line check was held); no place moves, so the write does not grow with the line.
+    line check was held); no place moves, so what the write logs does not grow with the
+    line.
     Each place is compared with the two owners bound once: naming the head by an
     expression over the line inside the ``$map`` would rebuild the line's owners for
     every place, a handoff's work growing with the square of the line.
