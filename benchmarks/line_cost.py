@@ -48,7 +48,8 @@ _TOKEN: Final = 5
 _FAR: Final = datetime(2100, 1, 1, tzinfo=UTC)
 # How long the places last from their write: as a waiter's that looked again within the
 # line check, which a handoff's cut of the places behind its new head leaves as they are.
-PLACES_LAST: Final = timedelta(milliseconds=queries.LINE_CHECK_MS)
+PLACES_LAST_MS: Final = queries.LINE_CHECK_MS
+PLACES_LAST: Final = timedelta(milliseconds=PLACES_LAST_MS)
 # Places of waiters that joined behind a long lease: a handoff cuts every one.
 LONG_PLACES_LAST: Final = timedelta(minutes=1)
 
@@ -83,15 +84,26 @@ def _document(number: int, places: int, at: datetime, last: timedelta) -> dict[s
     }
 
 
+def _last_until(until: Any) -> dict[str, Any]:
+    """A filter: the line's last place (``$$last`` in ``until``) ends at ``until``."""
+    last = {"$arrayElemAt": ["$waiters", -1]}
+    return {"$expr": {"$let": {"vars": {"last": last}, "in": {"$eq": ["$$last.until", until]}}}}
+
+
 def _writes(places: int) -> dict[str, Write]:
     """Each write, and the plain one, over every document of the collection."""
     handing = list(queries.release_writes(contended=True)[0]("-", _HOLDER, _TOKEN).pipeline)
     renewing = queries.acquire(f"waiter-{places - 1}", 60.0, queue=True)
     joining = queries.acquire("newcomer", 60.0, queue=True)
-    handed = {"owner": "waiter-0", "head": "waiter-1" if places > 1 else None}
+    handed: dict[str, Any] = {"owner": "waiter-0", "head": "waiter-1" if places > 1 else None}
+    left, cut = handed, handed
+    if places > 2:  # the last place is behind the new head: cut, or left as it was
+        line_check = queries.LINE_CHECK_MS + queries.PLACE_GRACE_MS
+        left = handed | _last_until({"$add": ["$$last.at", PLACES_LAST_MS]})
+        cut = handed | _last_until({"$add": ["$acquired_at", line_check]})
     return {
-        "handoff": Write(handing, None, handed),
-        "handoff, every place cut": Write(handing, None, handed, LONG_PLACES_LAST),
+        "handoff": Write(handing, None, left),
+        "handoff, every place cut": Write(handing, None, cut, LONG_PLACES_LAST),
         # Renewed where it stands (a lapsed place would have made it join at the end).
         "renewal": Write(
             list(renewing.pipeline), renewing.let, {f"waiters.{places}": {"$exists": False}}
@@ -137,7 +149,7 @@ def run(
     try:
         for places in lines:
             writes = _writes(places)
-            count = max(documents, places_in_all // places)
+            count = max(documents, -(-places_in_all // places))
             spent: dict[str, list[float]] = {write: [] for write in writes}
             for turn in range(turns + 1):  # the first turn warms up and is not kept
                 # A new order every turn (the same in every run), so that no write
@@ -152,8 +164,8 @@ def run(
                 **{write: statistics.median(times) for write, times in spent.items()},
                 "documents": count,
             }
-        collection.drop()
     finally:
+        collection.drop()
         client.close()
     return {"turns": turns, "points": points}
 
@@ -173,7 +185,7 @@ def render(data: Mapping[str, Any]) -> list[str]:
         "that last a minute, as in a line that joined behind a long lease; *renewal*: the "
         "last waiter renewing its place; *join*: a newcomer joining at the end. *Per added "
         "place*: a handoff's work beyond the first row's, divided by the places beyond it: "
-        "flat while the work grows in proportion to the line.",
+        "flat if the work grows in proportion to the line.",
         "",
         "| places | documents | handoff | every place cut | renewal | join | plain write "
         "| per added place: handoff | every place cut |",

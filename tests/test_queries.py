@@ -187,7 +187,7 @@ def test_no_write_works_per_place_over_the_whole_line(name: str, command: dict[s
     """What a write evaluates for each place of a line names that place and single
     values only: naming the line again there (``$$q.owner``, say) makes the server build
     the whole line's list once per place. A handoff did so, and over a line of 900
-    places took about 62 ms of server work, against about 3 ms since (the scale
+    places took about 63 ms of server work, against about 2.5 ms since (the scale
     benchmark's line-cost table)."""
     plain = bson.decode(bson.encode(command))  # the encoded parts as plain documents
     bodies = list(_walk(plain, frozenset(_STORED_LINE)))
