@@ -74,6 +74,11 @@ OPS: Final = ("insert", "query", "update", "delete", "getmore", "command")
 # wake every open change stream (one that changes nothing wakes none, one that changes
 # many documents counts once; see docs/performance.md).
 WRITE_COMMANDS: Final = ("insert", "update", "delete", "findAndModify")
+# What ``server_counters`` counts beside the operations: the write commands, and the write
+# conflicts (``metrics.operation.writeConflicts``): each a write to a document another
+# write was changing, which the server undid and ran again, after a back-off once it
+# had met several in a row.
+COUNTED: Final = (*OPS, "writes", "conflicts")
 
 
 def _open_cursors(client: MongoClient[dict[str, Any]]) -> int:
@@ -92,20 +97,24 @@ def server_counters(client: MongoClient[dict[str, Any]]) -> dict[str, int]:
     counters["cursors"] = _cursors(status)
     commands = status["metrics"]["commands"]
     counters["writes"] = sum(int(commands.get(name, {}).get("total", 0)) for name in WRITE_COMMANDS)
+    counters["conflicts"] = int(status["metrics"]["operation"]["writeConflicts"])
     return counters
 
 
 def _ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """The operations between two counts, and (under ``writes``) the write commands."""
-    return {name: after[name] - before[name] for name in (*OPS, "writes")}
+    """The operations between two counts, and (under ``writes`` and ``conflicts``) the
+    write commands and the write conflicts the server met and retried."""
+    return {name: after[name] - before[name] for name in COUNTED}
 
 
 def _per_release(ops: dict[str, int], releases: int) -> dict[str, float]:
-    """Every operation, and the write commands alone, per release."""
+    """Every operation, and the write commands alone, per release; write conflicts per
+    write command."""
     releases = max(1, releases)
     return {
         "ops_per_release": sum(ops[name] for name in OPS) / releases,
         "writes_per_release": ops["writes"] / releases,
+        "conflicts_per_write": ops["conflicts"] / max(1, ops["writes"]),
     }
 
 
@@ -141,7 +150,7 @@ def keys_probe(url: str, sizes: Sequence[int]) -> dict[str, Any]:
     points: dict[str, Any] = {}
     for size in sizes:
         wakes: list[float] = []
-        ops = dict.fromkeys((*OPS, "writes"), 0)
+        ops = dict.fromkeys(COUNTED, 0)
         releases = 0
         cursors: list[int] = []
         for repeat in range(max(1, math.ceil(KEY_SAMPLES / size))):
@@ -345,7 +354,8 @@ def _line(point: dict[str, Any], ours: bool = True) -> str:
     return (
         f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}{settled}, "
         f"{point['ops_per_release']:.1f} ops and {point['writes_per_release']:.1f} writes "
-        f"per release, {point['cursors']} cursors"
+        f"per release, {_optional(point.get('conflicts_per_write'), 2)} write conflicts per "
+        f"write, {point['cursors']} cursors"
     )
 
 
@@ -399,7 +409,11 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "them. *Writes per release*: the server's write commands alone "
         "(`serverStatus().metrics.commands`: insert, update, delete, findAndModify), about "
         "the writes that wake every open change stream (one that changes nothing wakes "
-        "none; one that changes many documents counts once). *Cursors*: the most cursors "
+        "none; one that changes many documents counts once). *Write conflicts per write*: the "
+        "server's count of writes it undid and ran again because another write was "
+        "changing the same document (`serverStatus().metrics.operation.writeConflicts`), "
+        "divided by the write commands: how often the joins, renewals and handing releases "
+        "of one key collide on its document. *Cursors*: the most cursors "
         "open on the server while they wait, over its count before the waiters' processes "
         "and clients started (change streams among them). *Relay*: the processes shape "
         "again with `SHARED_STREAM` on, so that one process per host opens the change "
@@ -422,13 +436,14 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
             figures = [shape, str(point["waiters"]), ms(wake["p50"], 2), ms(wake["p99"], 2)]
             figures += _arrived(point)
             if shape in REFERENCES:
-                rows.append(figures + ["n/a"] * 4)
+                rows.append(figures + ["n/a"] * 5)
                 continue
             rows.append(
                 [
                     *figures,
                     f"{point['ops_per_release']:.1f}",
                     _optional(point.get("writes_per_release")),
+                    _optional(point.get("conflicts_per_write"), 2),
                     ", ".join(f"{name} {ops[name]}" for name in OPS if ops[name]),
                     str(point["cursors"]),
                 ]
@@ -443,6 +458,7 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "arrival",
         "ops per release",
         "writes per release",
+        "write conflicts per write",
         "ops",
         "cursors",
     ]
@@ -466,9 +482,9 @@ def _arrived(point: dict[str, Any]) -> list[str]:
     ]
 
 
-def _optional(value: float | None) -> str:
+def _optional(value: float | None, digits: int = 1) -> str:
     """A figure, or "n/a" in results recorded before it was measured."""
-    return "n/a" if value is None else f"{value:.1f}"
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _waiters(point: dict[str, Any]) -> int:

@@ -19,11 +19,12 @@ from pymongo import MongoClient, uri_parser
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
-from benchmarks import line_cost, workers
+from benchmarks import line_cost, scale, workers
 from benchmarks.contenders import DATABASE, Kind, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
 from benchmarks.workers import Job, Pool, Shared
+from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
 
@@ -305,3 +306,56 @@ def test_the_line_cost_applies_each_write_as_it_would_change_a_running_line(
     for point in data["points"].values():
         assert set(point) == {*line_cost.WRITES, "plain"}
         assert min(point.values()) > 0
+
+
+def test_the_scale_table_counts_the_write_conflicts_the_server_ran_again(
+    fail_points: MongoReplicaSet,
+) -> None:
+    """Write conflicts per write are the server's own count: two forced on one update
+    count two, beside its one write command; the table gives them a column, "n/a" for
+    a point recorded before they were counted."""
+    client: MongoClient[dict[str, Any]] = MongoClient(fail_points.url)
+    collection = client[DATABASE]["harness_conflicts"]
+    try:
+        collection.insert_one({"_id": "hot", "n": 0})
+        before = scale.server_counters(client)
+        client.admin.command("configureFailPoint", "WTWriteConflictException", mode={"times": 2})
+        try:
+            assert collection.update_one({"_id": "hot"}, {"$inc": {"n": 1}}).modified_count == 1
+        finally:
+            client.admin.command("configureFailPoint", "WTWriteConflictException", mode="off")
+        ops = scale._ops(before, scale.server_counters(client))
+    finally:
+        collection.drop()
+        client.close()
+    # The counters are the whole server's, which nothing else writes to meanwhile.
+    assert (ops["conflicts"], ops["writes"]) == (2, 1)
+    point = {
+        "waiters": 4,
+        "wake": {"p50": 0.001, "p99": 0.002},
+        "ops": ops,
+        **scale._per_release(ops, 1),
+        "cursors": 0,
+    }
+    assert point["conflicts_per_write"] == 2.0
+    old = {key: value for key, value in point.items() if key != "conflicts_per_write"}
+    rows = [
+        line
+        for line in scale.render(
+            {
+                "hold": 0.005,
+                "seconds": 3.0,
+                "cores": 2,
+                "keys": {"points": {"new": point, "old": old}},
+            },
+            None,
+        )
+        if line.startswith("| keys |")
+    ]
+    header = next(
+        line
+        for line in scale.render({"hold": 0.005, "seconds": 3.0, "cores": 2}, None)
+        if line.startswith("| shape |")
+    )
+    column = header.split(" | ").index("write conflicts per write")
+    assert [row.split(" | ")[column] for row in rows] == ["2.00", "n/a"]
