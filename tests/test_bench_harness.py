@@ -339,23 +339,14 @@ def test_the_scale_table_counts_the_write_conflicts_the_server_ran_again(
     }
     assert point["conflicts_per_write"] == 2.0
     old = {key: value for key, value in point.items() if key != "conflicts_per_write"}
-    rows = [
-        line
-        for line in scale.render(
-            {
-                "hold": 0.005,
-                "seconds": 3.0,
-                "cores": 2,
-                "keys": {"points": {"new": point, "old": old}},
-            },
-            None,
-        )
-        if line.startswith("| keys |")
-    ]
-    header = next(
-        line
-        for line in scale.render({"hold": 0.005, "seconds": 3.0, "cores": 2}, None)
-        if line.startswith("| shape |")
-    )
+    data = {
+        "hold": 0.005,
+        "seconds": 3.0,
+        "cores": 2,
+        "keys": {"points": {"new": point, "old": old}},
+    }
+    lines = scale.render(data, None)
+    header = next(line for line in lines if line.startswith("| shape |"))
+    rows = [line for line in lines if line.startswith("| keys |")]
     column = header.split(" | ").index("write conflicts per write")
     assert [row.split(" | ")[column] for row in rows] == ["2.00", "n/a"]

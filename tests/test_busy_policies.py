@@ -25,7 +25,7 @@ from django_mongolock.decorating.coalesce import Requests
 from django_mongolock.queries.requests import REQUESTS_TTL_INDEX as TTL_INDEX
 from django_mongolock.testing import MongoReplicaSet
 from tests import coalesce_worker
-from tests.utils import without_slow_server_warnings
+from tests.utils import finished
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -403,13 +403,6 @@ def start_worker(url: str, database: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
-    """The exit code, the output and the error output (without the warnings of a slow
-    server) of a worker."""
-    out, err = process.communicate(timeout=60)
-    return process.returncode, out, without_slow_server_warnings(err)
 
 
 def test_processes_requests_make_the_holder_process_run_once_more(

@@ -21,7 +21,7 @@ import pytest
 from pymongo import MongoClient
 
 from django_mongolock import BUSY_EXIT_CODE
-from tests.utils import without_slow_server_warnings
+from tests.utils import finished
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = 8
@@ -80,10 +80,7 @@ def run_burst(
         running = [process for process in processes if process.poll() is None]
         assert [process.pid for process in running] == [run["pid"]]
         runs.delete_one({"_id": "hold"})
-        results = {}
-        for process in processes:
-            out, err = process.communicate(timeout=60)
-            results[process.pid] = (out, without_slow_server_warnings(err))
+        results = {process.pid: finished(process)[1:] for process in processes}
     finally:
         for process in processes:
             if process.poll() is None:

@@ -15,7 +15,7 @@ import pytest
 from pytest_django.fixtures import Settings
 
 from django_mongolock import BUSY_EXIT_CODE, LockManager, locks
-from tests.utils import run_command, without_slow_server_warnings
+from tests.utils import finished, run_command
 
 pytestmark = pytest.mark.usefixtures("mongolock_settings")
 
@@ -86,10 +86,7 @@ def test_two_processes_at_once_one_runs_the_other_exits_75(
         )
         for _ in range(2)
     ]
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=60)
-        results.append((process, out, without_slow_server_warnings(err)))
+    results = [(process, *finished(process)[1:]) for process in processes]
     codes = sorted(process.returncode for process, _, _ in results)
     assert codes == [0, BUSY_EXIT_CODE], results
     (winner, out, err), (_, busy_out, busy_err) = sorted(results, key=lambda r: r[0].returncode)

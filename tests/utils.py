@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
 from io import StringIO
@@ -31,6 +32,13 @@ def without_slow_server_warnings(err: str) -> str:
     timed out, which say nothing about what a test of its output checks."""
     lines = err.splitlines(keepends=True)
     return "".join(line for line in lines if not line.startswith(_SLOW_SERVER_WARNINGS))
+
+
+def finished(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
+    """A child process's exit code, output and error output (without the warnings of a
+    slow server), once it has ended; within ``timeout`` seconds."""
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, without_slow_server_warnings(err)
 
 
 def run_command(*args: str, **options: Any) -> tuple[str, str, int]:
