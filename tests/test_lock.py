@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
 import select
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired
-from tests.utils import reap
+from tests.utils import ROOT, reap, without_slow_server_warnings
 
 
 def test_acquire_and_release(manager: LockManager, lock_events: list[tuple[str, Any]]) -> None:
@@ -296,69 +298,49 @@ def test_a_forked_child_makes_holder_ids_of_its_own(manager: LockManager) -> Non
         os.write(write, manager.new_owner().encode())
         os._exit(0)
     os.close(write)
-    child = os.read(read, 200).decode()
-    os.close(read)
-    os.waitpid(pid, 0)
+    try:
+        ready, _, _ = select.select([read], [], [], 30.0)
+        child = os.read(read, 200).decode() if ready else ""
+    finally:
+        os.close(read)
+        code = reap(pid, 10.0)
+    assert (ready, code) == ([read], 0), "the forked child did not answer within 30 s"
     assert child.rsplit(":", 2)[1] == str(pid)
     assert child != manager.new_owner() != before
 
 
-def _fork_without_hooks() -> int:
-    """fork(2) called from libc with the GIL held: no Python fork hook runs in the child,
-    as in a uWSGI worker forked in uWSGI's default set-up."""
-    libc = ctypes.PyDLL(None, use_errno=True)
-    pid = int(libc.fork())
-    if pid < 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
-    return pid
-
-
 def test_a_child_forked_without_fork_hooks_sees_it_is_not_the_holder(
-    manager: LockManager,
+    mongolock_url: str, manager: LockManager
 ) -> None:
     """Every fork check compares the process id asked of the system, not one kept by a
     fork hook: a worker forked without them makes holder ids of its own, and cannot
-    check, refresh or release its parent's lock."""
-    # No refresher thread starts just before the fork: the child runs on one thread.
-    lock = manager.acquire("hookless", ttl=10, refresh=False)
-    parent_owner = manager.new_owner()
-    read, write = os.pipe()
-    pid = _fork_without_hooks()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            found = []
-            for attempt in (lock.check, lock.refresh):
-                try:
-                    attempt()
-                    found.append("held")
-                except LockLost as lost:
-                    found.append(lost.reason)
-            owner, released = manager.new_owner(), lock.release()
-            answer = f"{owner}|{found[0]}|{found[1]}|{released}|{lock.valid}"
-        except BaseException as exc:
-            answer, code = repr(exc), 1
-        finally:
-            os.write(write, answer.encode()[:4000])
-            os._exit(code)
-    os.close(write)
-    try:
-        ready, _, _ = select.select([read], [], [], 30.0)
-        answer = os.read(read, 4096).decode() if ready else ""
-    finally:
-        os.close(read)
-        code = reap(pid, 10.0)
-    assert ready, "the child forked without hooks did not answer within 30 s"
-    assert code == 0, answer
-    owner, checked, refreshed, child_released, child_valid = answer.split("|")
-    assert owner.rsplit(":", 2)[1] == str(pid)
-    assert owner.rsplit(":", 2)[1] != parent_owner.rsplit(":", 2)[1]
+    check, refresh or release its parent's lock (``tests.hookless_fork`` forks it)."""
+    key = "hookless"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.hookless_fork", mongolock_url, manager.database, key],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, without_slow_server_warnings(run.stderr)
+    found = json.loads(run.stdout)
+    assert found["threads"] == ["MainThread"], "the holder could not fork as one thread"
+    assert found["answer"] is not None, "the child forked without hooks did not answer in 30 s"
+    assert found["code"] == 0, found["answer"]
+    owner, checked, refreshed, child_released, child_valid = found["answer"].split("|")
+    assert owner.rsplit(":", 2)[1] == str(found["child"])
+    assert found["parent_owner"].rsplit(":", 2)[1] == str(found["pid"]) != str(found["child"])
     assert "forked child" in checked
     assert "belongs to process" in refreshed
     assert (child_released, child_valid) == ("False", "False")
-    lock.check()  # still the parent's
-    assert lock.release() is True
+    # Still the holder's lock, the child's release notwithstanding.
+    info = manager.status(key)
+    assert info is not None
+    assert info.live
+    assert (info.owner, info.token) == (found["owner"], found["token"])
+    assert manager.store.release(key, found["owner"], found["token"]) is True
 
 
 def test_releasing_an_ended_lease_says_so_and_leaves_the_document_alone(

@@ -12,12 +12,16 @@ import subprocess
 import threading
 import time
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 from django.core.management import CommandError, call_command
 
 from django_mongolock import LockManager
 from django_mongolock.testing import MongoReplicaSet
+
+# The project's root: the working directory of the test's child processes.
+ROOT = Path(__file__).resolve().parent.parent
 
 # Warnings a process logs when a background write (its heartbeat, its lock statistics)
 # times out on a loaded machine: it goes on, and tries again at the next one.
