@@ -27,11 +27,11 @@ from typing import Any, Final, Literal, Protocol
 
 from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, ExecutionTimeout, NetworkTimeout, WTimeoutError
 from pymongo.write_concern import WriteConcern
 
 from benchmarks.instruments import instrument
-from django_mongolock import LockManager, LockNotAcquired
+from django_mongolock import LockManager, LockNotAcquired, ServerUnavailable
 
 __all__ = ["DATABASE", "TTL", "Contender", "Spec", "build", "quiet_peers"]
 
@@ -64,6 +64,10 @@ class Spec:
 
 
 class Contender(Protocol):
+    timeouts: tuple[type[Exception], ...]
+    """What its calls raise when the server did not answer within its time limit (a
+    loaded machine): a blocking workload counts them and goes on, rather than ending."""
+
     def try_acquire(self, key: str) -> object | None:
         """Take ``key`` if it is free: a handle, or None when it is busy."""
 
@@ -90,6 +94,8 @@ def build(spec: Spec) -> Contender:
 
 class FloorLock:
     """A correct MongoDB lock in the fewest round trips: the baseline every figure divides by."""
+
+    timeouts: tuple[type[Exception], ...] = (ExecutionTimeout, NetworkTimeout, WTimeoutError)
 
     def __init__(self, spec: Spec) -> None:
         self.poll = spec.poll
@@ -151,6 +157,9 @@ class FloorLock:
 class OurLock:
     """django-mongolock as an application uses it: a ``LockManager`` with its defaults."""
 
+    # A lock call that hit its operation limit, as the library reports it.
+    timeouts: tuple[type[Exception], ...] = (ServerUnavailable,)
+
     def __init__(self, spec: Spec) -> None:
         self.blocking = spec.blocking
         self._uninstall = instrument(spec.instrument)
@@ -194,6 +203,9 @@ class RedisLock:
     def __init__(self, spec: Spec) -> None:
         redis = importlib.import_module("redis")
         self._lock_class: Any = importlib.import_module("redis_lock").Lock
+        self.timeouts: tuple[type[Exception], ...] = (
+            importlib.import_module("redis.exceptions").TimeoutError,
+        )
         self.client: Any = redis.Redis.from_url(spec.url)
         self._expire = round(TTL)
 

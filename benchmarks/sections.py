@@ -117,6 +117,13 @@ def handoff(data: dict[str, Any], plot: str | None) -> list[str]:
         "fewest",
     ]
     lines += table(header, rows)
+    rows_of = data["rows"].items()
+    if counts := ", ".join(f"{label} {r['timeouts']}" for label, r in rows_of if r.get("timeouts")):
+        lines += [
+            f"Lock calls the server did not answer within their time limit, counted and "
+            f"left out of the figures above: {counts}.",
+            "",
+        ]
     if plot:
         lines += [f"![Wait inside acquire, handoff workload]({plot})", ""]
     return lines

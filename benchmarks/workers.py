@@ -237,18 +237,39 @@ def _uncontended(
 def _handoff(
     contender: Contender, job: Job, barrier: Barrier | None, shared: Shared, index: int
 ) -> dict[str, Any]:
-    """Block on one key, hold it ``job.hold``, release it, and again, until time is up."""
+    """Block on one key, hold it ``job.hold``, release it, and again, until time is up.
+
+    A call the server did not answer in time (hundreds of processes on a small machine)
+    is counted in ``timeouts`` and the loop goes on: a turn whose release timed out is
+    recorded all the same, an acquire that timed out has no turn. ``asked`` is when the
+    first acquire was called, whether or not it returned.
+    """
     records: list[tuple[float, float, float, float]] = []
+    timeouts = 0
     clock = time.monotonic
-    end = _start(barrier) + job.duration
+    asked = _start(barrier)
+    end = asked + job.duration
     while (t0 := clock()) < end:
-        handle = contender.acquire(HANDOFF_KEY)
+        try:
+            handle = contender.acquire(HANDOFF_KEY)
+        except contender.timeouts:
+            timeouts += 1
+            continue
         t1 = clock()
         shared.critical(0, job.hold)
         t2 = clock()
-        contender.release(handle)
+        try:
+            contender.release(handle)
+        except contender.timeouts:
+            timeouts += 1
         records.append((t0, t1, t2, clock()))
-    return {"worker": index, "pid": os.getpid(), "records": records}
+    return {
+        "worker": index,
+        "pid": os.getpid(),
+        "asked": asked,
+        "records": records,
+        "timeouts": timeouts,
+    }
 
 
 def _connect(

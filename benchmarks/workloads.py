@@ -190,6 +190,7 @@ def _cycle_rounds(
             row["release"].extend(worker["release"])
             row["lost"] += worker["cycles"] - done.counted
             row["overlaps"] += done.overlaps
+            row["timeouts"] += sum(worker["timeouts"] for worker in done.workers)
         say(
             f"  round {number}/{plan.rounds}: "
             + ", ".join(f"{s.label} {rows[s.label]['cps'][-1]:.0f}/s" for s in specs)
@@ -247,6 +248,7 @@ def handoff(bench: Bench) -> dict[str, Any]:
             "fewest": [],
             "lost": 0,
             "overlaps": 0,
+            "timeouts": 0,
         }
         for spec in specs
     }
@@ -282,6 +284,7 @@ def handoff(bench: Bench) -> dict[str, Any]:
             row["rate"].append(len(turns) / plan.handoff_seconds)
             row["lost"] += len(turns) - done.counted
             row["overlaps"] += done.overlaps
+            row["timeouts"] += sum(worker["timeouts"] for worker in done.workers)
         say(
             f"  round {number}/{plan.handoff_rounds}: "
             + ", ".join(f"{s.label} {rows[s.label]['rate'][-1]:.0f}/s" for s in specs)
@@ -340,6 +343,7 @@ def many_keys(bench: Bench) -> dict[str, Any]:
             row["busy"].append(1 - acquired / tries if tries else math.nan)
             row["lost"] += acquired - done.counted
             row["overlaps"] += done.overlaps
+            row["timeouts"] += sum(worker["timeouts"] for worker in done.workers)
         say(
             f"  round {number}/{plan.many_rounds}: "
             + ", ".join(f"{s.label} {rows[s.label]['rate'][-1]:.0f}/s" for s in specs)

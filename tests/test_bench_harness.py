@@ -68,15 +68,16 @@ def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
 
 
 def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() -> None:
-    """Process 1 asks last (at 4.0): the release that began before (at 3.0) is neither a
-    release nor the start of a wake-up counted after arrival; the three releases after
-    it are, and the two wake-ups that follow them."""
+    """Process 1 asks last (at 4.0; that call timed out, its next one at 4.5 returned):
+    the release that began before (at 3.0) is neither a release nor the start of a
+    wake-up counted after arrival; the three releases after it are, and the two
+    wake-ups that follow them. Process 3 asked too, and never got the key."""
     workers = [
         # (asked, returned from acquire, release called, release returned)
-        {"worker": 0, "records": [(0.0, 2.0, 3.0, 3.5), (6.0, 7.0, 8.0, 8.25)]},
-        {"worker": 1, "records": [(4.0, 5.0, 6.0, 6.5)]},
-        {"worker": 2, "records": [(1.0, 9.0, 10.0, 10.75)]},
-        {"worker": 3, "records": []},
+        {"worker": 0, "asked": 0.0, "records": [(0.0, 2.0, 3.0, 3.5), (6.0, 7.0, 8.0, 8.25)]},
+        {"worker": 1, "asked": 4.0, "records": [(4.5, 5.0, 6.0, 6.5)]},
+        {"worker": 2, "asked": 1.0, "records": [(1.0, 9.0, 10.0, 10.75)]},
+        {"worker": 3, "asked": 0.5, "records": []},
     ]
     arrival, wakes, releases = after_arrival(workers)
     assert arrival == 4.0
@@ -350,3 +351,61 @@ def test_the_scale_table_counts_the_write_conflicts_the_server_ran_again(
     rows = [line for line in lines if line.startswith("| keys |")]
     column = header.split(" | ").index("write conflicts per write")
     assert [row.split(" | ")[column] for row in rows] == ["2.00", "n/a"]
+
+
+def test_a_lock_call_that_times_out_is_counted_and_the_worker_goes_on(
+    fail_points: MongoReplicaSet,
+) -> None:
+    """The server refuses the first write past its time limit (MaxTimeMSExpired, as a
+    loaded server does): the acquire raises, the worker counts it and takes the key on
+    its next try, rather than ending the run; the table and the targets say so."""
+    spec = Spec("ours", "ours", fail_points.url, collection="harness_timeouts")
+    admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.url)
+    pool = Pool(1)
+    try:
+        pool.run(Job("connect", spec))
+        admin.admin.command(
+            "configureFailPoint",
+            "failCommand",
+            mode={"times": 1},
+            data={"failCommands": ["findAndModify", "update", "insert"], "errorCode": 50},
+        )
+        done = pool.run(Job("handoff", spec, duration=0.5), timeout=60)
+        # The fail point was met once, by the worker's first acquire.
+        assert admin.admin.command("configureFailPoint", "failCommand", mode="off")["count"] == 1
+    finally:
+        pool.close()
+        admin.admin.command("configureFailPoint", "failCommand", mode="off")
+        admin[DATABASE]["harness_timeouts"].drop()
+        admin.close()
+    (result,) = done.workers
+    assert result["timeouts"] == 1
+    assert len(result["records"]) == done.counted > 0
+    assert result["asked"] < result["records"][0][0]
+
+    point = {
+        "waiters": 4,
+        "wake": {"p50": 0.001, "p99": 0.002},
+        "ops": dict.fromkeys(scale.COUNTED, 0),
+        **scale._per_release(dict.fromkeys(scale.COUNTED, 0), 1),
+        "cursors": 0,
+        "timeouts": result["timeouts"],
+    }
+    old = {key: value for key, value in point.items() if key != "timeouts"}
+    data = {"hold": 0.005, "seconds": 3.0, "cores": 2, "processes": {"points": {"4": old}}}
+    lines = scale.render({**data, "relay": {"points": {"4": point}}}, None)
+    header = next(line for line in lines if line.startswith("| shape |"))
+    column = header.split(" | ").index("calls timed out |")
+    rows = [line for line in lines if line.startswith(("| processes |", "| relay |"))]
+    cells = [row.split(" | ")[column] for row in rows]
+    assert cells == ["n/a |", "1 |"]
+    assert "1 calls timed out" in scale._line(point)
+    # The same wake-ups meet the target without the timeout, and miss it with it.
+    bigger = {**old, "waiters": 200}
+    assert [
+        met for *_, met in scale.targets({"processes": {"points": {"4": old, "200": bigger}}})
+    ] == [True]
+    failed = {**bigger, "timeouts": 1}
+    assert [
+        met for *_, met in scale.targets({"processes": {"points": {"4": old, "200": failed}}})
+    ] == [False]
