@@ -27,7 +27,7 @@ from typing import Any, Final, Literal, Protocol
 
 from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
-from pymongo.errors import DuplicateKeyError, ExecutionTimeout, NetworkTimeout, WTimeoutError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from benchmarks.instruments import instrument
@@ -64,9 +64,10 @@ class Spec:
 
 
 class Contender(Protocol):
-    timeouts: tuple[type[Exception], ...]
-    """What its calls raise when the server did not answer within its time limit (a
-    loaded machine): a blocking workload counts them and goes on, rather than ending."""
+    def timed_out(self, error: Exception) -> bool:
+        """Whether ``error`` says the server did not answer within its time limit (a
+        loaded machine): a blocking workload counts such calls and goes on, while any
+        other error, a server down among them, ends the run."""
 
     def try_acquire(self, key: str) -> object | None:
         """Take ``key`` if it is free: a handle, or None when it is busy."""
@@ -94,8 +95,6 @@ def build(spec: Spec) -> Contender:
 
 class FloorLock:
     """A correct MongoDB lock in the fewest round trips: the baseline every figure divides by."""
-
-    timeouts: tuple[type[Exception], ...] = (ExecutionTimeout, NetworkTimeout, WTimeoutError)
 
     def __init__(self, spec: Spec) -> None:
         self.poll = spec.poll
@@ -150,15 +149,16 @@ class FloorLock:
         assert isinstance(handle, tuple)
         self.collection.delete_one({"_id": handle[0], "owner": handle[1]})
 
+    @staticmethod
+    def timed_out(error: Exception) -> bool:
+        return isinstance(error, PyMongoError) and error.timeout
+
     def close(self) -> None:
         self.client.close()
 
 
 class OurLock:
     """django-mongolock as an application uses it: a ``LockManager`` with its defaults."""
-
-    # A lock call that hit its operation limit, as the library reports it.
-    timeouts: tuple[type[Exception], ...] = (ServerUnavailable,)
 
     def __init__(self, spec: Spec) -> None:
         self.blocking = spec.blocking
@@ -187,6 +187,12 @@ class OurLock:
     def acquire(self, key: str) -> object:
         return self.manager.acquire(key, timeout=ACQUIRE_TIMEOUT)
 
+    @staticmethod
+    def timed_out(error: Exception) -> bool:
+        # The library reports a timeout and an unreachable server alike: the driver's
+        # error it stands for tells them apart.
+        return isinstance(error, ServerUnavailable) and getattr(error.__cause__, "timeout", False)
+
     def release(self, handle: object) -> None:
         handle.release()  # type: ignore[attr-defined]
 
@@ -203,9 +209,7 @@ class RedisLock:
     def __init__(self, spec: Spec) -> None:
         redis = importlib.import_module("redis")
         self._lock_class: Any = importlib.import_module("redis_lock").Lock
-        self.timeouts: tuple[type[Exception], ...] = (
-            importlib.import_module("redis.exceptions").TimeoutError,
-        )
+        self._timeout: type[Exception] = importlib.import_module("redis.exceptions").TimeoutError
         self.client: Any = redis.Redis.from_url(spec.url)
         self._expire = round(TTL)
 
@@ -222,6 +226,9 @@ class RedisLock:
 
     def release(self, handle: object) -> None:
         handle.release()  # type: ignore[attr-defined]
+
+    def timed_out(self, error: Exception) -> bool:
+        return isinstance(error, self._timeout)
 
     def close(self) -> None:
         self.client.close()

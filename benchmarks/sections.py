@@ -120,8 +120,9 @@ def handoff(data: dict[str, Any], plot: str | None) -> list[str]:
     rows_of = data["rows"].items()
     if counts := ", ".join(f"{label} {r['timeouts']}" for label, r in rows_of if r.get("timeouts")):
         lines += [
-            f"Lock calls the server did not answer within their time limit, counted and "
-            f"left out of the figures above: {counts}.",
+            f"Lock calls the server did not answer within their time limit: {counts}. An "
+            "acquire that timed out has no turn, and its time is in no wait; a turn whose "
+            "release timed out counts as any other.",
             "",
         ]
     if plot:

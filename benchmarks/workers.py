@@ -252,7 +252,9 @@ def _handoff(
     while (t0 := clock()) < end:
         try:
             handle = contender.acquire(HANDOFF_KEY)
-        except contender.timeouts:
+        except Exception as error:
+            if not contender.timed_out(error):
+                raise
             timeouts += 1
             continue
         t1 = clock()
@@ -260,7 +262,9 @@ def _handoff(
         t2 = clock()
         try:
             contender.release(handle)
-        except contender.timeouts:
+        except Exception as error:
+            if not contender.timed_out(error):
+                raise
             timeouts += 1
         records.append((t0, t1, t2, clock()))
     return {

@@ -190,7 +190,6 @@ def _cycle_rounds(
             row["release"].extend(worker["release"])
             row["lost"] += worker["cycles"] - done.counted
             row["overlaps"] += done.overlaps
-            row["timeouts"] += sum(worker["timeouts"] for worker in done.workers)
         say(
             f"  round {number}/{plan.rounds}: "
             + ", ".join(f"{s.label} {rows[s.label]['cps'][-1]:.0f}/s" for s in specs)
@@ -280,7 +279,7 @@ def handoff(bench: Bench) -> dict[str, Any]:
             row["handoffs"] += len(turns) - 1
             row["to_other"] += sum(a[2] != b[2] for a, b in itertools.pairwise(turns))
             counts = [len(worker["records"]) for worker in done.workers]
-            row["fewest"].append(min(counts) / (sum(counts) / len(counts)))
+            row["fewest"].append(min(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0)
             row["rate"].append(len(turns) / plan.handoff_seconds)
             row["lost"] += len(turns) - done.counted
             row["overlaps"] += done.overlaps
@@ -343,7 +342,6 @@ def many_keys(bench: Bench) -> dict[str, Any]:
             row["busy"].append(1 - acquired / tries if tries else math.nan)
             row["lost"] += acquired - done.counted
             row["overlaps"] += done.overlaps
-            row["timeouts"] += sum(worker["timeouts"] for worker in done.workers)
         say(
             f"  round {number}/{plan.many_rounds}: "
             + ", ".join(f"{s.label} {rows[s.label]['rate'][-1]:.0f}/s" for s in specs)

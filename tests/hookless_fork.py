@@ -27,6 +27,7 @@ from tests.utils import reap
 
 
 def fork_without_hooks() -> int:
+    """fork(2) from libc with the GIL held; the child's pid (0 in the child)."""
     libc = ctypes.PyDLL(None, use_errno=True)
     pid = int(libc.fork())
     if pid < 0:
@@ -35,12 +36,17 @@ def fork_without_hooks() -> int:
     return pid
 
 
-def single_threaded(timeout: float = 10.0) -> list[str]:
-    """The names of this process's threads, once only this one is left (or at ``timeout``)."""
+def single_threaded(others: list[threading.Thread], timeout: float = 10.0) -> list[str]:
+    """The names of this process's threads once ``others`` have ended and the system
+    counts one thread left (or at ``timeout``). A thread is joined, not just gone from
+    ``threading.enumerate()``, which it leaves before it lets go of the interpreter."""
     deadline = time.monotonic() + timeout
-    while len(threading.enumerate()) > 1 and time.monotonic() < deadline:
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    return [thread.name for thread in threading.enumerate()]
+    names = [thread.name for thread in threading.enumerate()]
+    return names if len(os.listdir("/proc/self/task")) == 1 else [*names, "(a system thread)"]
 
 
 def child(lock: Lock, manager: LockManager, write: int) -> None:  # pragma: no cover
@@ -64,12 +70,14 @@ def child(lock: Lock, manager: LockManager, write: int) -> None:  # pragma: no c
 
 
 def main(url: str, database: str, key: str) -> dict[str, object]:
+    """Take ``key``, fork as one thread, and say what the child found."""
     manager = LockManager(url, database=database)
     lock = manager.acquire(key, ttl=60, refresh=False)
     parent_owner = manager.new_owner()
+    others = [thread for thread in threading.enumerate() if thread is not threading.main_thread()]
     manager.close()
     get_deadlines().stop()
-    threads = single_threaded()
+    threads = single_threaded(others)
     found: dict[str, object] = {
         "pid": os.getpid(),
         "owner": lock.owner,

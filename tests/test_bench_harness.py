@@ -17,13 +17,14 @@ from typing import Any, cast
 import pytest
 from pymongo import MongoClient, uri_parser
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
+from pymongo.errors import AutoReconnect, ExecutionTimeout, PyMongoError
 
 from benchmarks import line_cost, scale, workers
-from benchmarks.contenders import DATABASE, Kind, Spec, build
+from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
 from benchmarks.workers import Job, Pool, Shared
+from django_mongolock import LockNotAcquired, ServerUnavailable
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
@@ -368,7 +369,12 @@ def test_a_lock_call_that_times_out_is_counted_and_the_worker_goes_on(
             "configureFailPoint",
             "failCommand",
             mode={"times": 1},
-            data={"failCommands": ["findAndModify", "update", "insert"], "errorCode": 50},
+            # Only the worker's client (by the library's app name) meets it.
+            data={
+                "failCommands": ["findAndModify", "update", "insert"],
+                "errorCode": 50,
+                "appName": "django-mongolock",
+            },
         )
         done = pool.run(Job("handoff", spec, duration=0.5), timeout=60)
         # The fail point was met once, by the worker's first acquire.
@@ -400,12 +406,36 @@ def test_a_lock_call_that_times_out_is_counted_and_the_worker_goes_on(
     cells = [row.split(" | ")[column] for row in rows]
     assert cells == ["n/a |", "1 |"]
     assert "1 calls timed out" in scale._line(point)
-    # The same wake-ups meet the target without the timeout, and miss it with it.
-    bigger = {**old, "waiters": 200}
-    assert [
-        met for *_, met in scale.targets({"processes": {"points": {"4": old, "200": bigger}}})
-    ] == [True]
-    failed = {**bigger, "timeouts": 1}
-    assert [
-        met for *_, met in scale.targets({"processes": {"points": {"4": old, "200": failed}}})
-    ] == [False]
+
+    # The same wake-ups meet the target without a timeout, and miss it with one at any
+    # size; results recorded before they were counted name no such clause.
+    def target(*timeouts: int | None) -> tuple[bool, bool]:
+        points = {}
+        for waiters, count in zip((4, 16, 200), timeouts, strict=True):
+            points[str(waiters)] = {**old, "waiters": waiters}
+            if count is not None:
+                points[str(waiters)]["timeouts"] = count
+        ((_, goal, _, _, met),) = scale.targets({"processes": {"points": points}})
+        return goal.endswith("no call timed out"), met
+
+    assert target(0, 0, 0) == (True, True)
+    assert target(0, 1, 0) == (True, False)
+    assert target(None, None, None) == (False, True)
+
+
+def test_only_a_call_past_its_time_limit_counts_as_timed_out() -> None:
+    """A server that did not answer in time is counted and the run goes on; a server
+    that cannot be reached, or any other error, ends it."""
+
+    def unavailable(cause: Exception) -> ServerUnavailable:
+        try:
+            raise ServerUnavailable(["127.0.0.1:1"], 5.0, str(cause)) from cause
+        except ServerUnavailable as error:
+            return error
+
+    late, down = ExecutionTimeout("operation exceeded time limit"), AutoReconnect("refused")
+    assert OurLock.timed_out(unavailable(late))
+    assert not OurLock.timed_out(unavailable(down))
+    assert not OurLock.timed_out(LockNotAcquired("busy"))
+    assert FloorLock.timed_out(late)
+    assert not FloorLock.timed_out(down)
