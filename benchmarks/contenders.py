@@ -27,7 +27,7 @@ from typing import Any, Final, Literal, Protocol
 
 from pymongo import MongoClient, ReturnDocument
 from pymongo.collection import Collection
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError, PyMongoError, ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
 
 from benchmarks.instruments import instrument
@@ -61,6 +61,16 @@ class Spec:
     instrument: str = ""
     """For ``ours``: observers to install while the contender lives, joined by ``+``
     (``prometheus``, ``otel``, ``stats``); empty for none (``benchmarks.instruments``)."""
+
+
+def _late(error: BaseException | None) -> bool:
+    """A driver error that says a server answered too late; not one that found no server
+    to ask, which the driver counts as a timeout too."""
+    return (
+        isinstance(error, PyMongoError)
+        and error.timeout
+        and not isinstance(error, ServerSelectionTimeoutError)
+    )
 
 
 class Contender(Protocol):
@@ -151,7 +161,7 @@ class FloorLock:
 
     @staticmethod
     def timed_out(error: Exception) -> bool:
-        return isinstance(error, PyMongoError) and error.timeout
+        return _late(error)
 
     def close(self) -> None:
         self.client.close()
@@ -191,7 +201,7 @@ class OurLock:
     def timed_out(error: Exception) -> bool:
         # The library reports a timeout and an unreachable server alike: the driver's
         # error it stands for tells them apart.
-        return isinstance(error, ServerUnavailable) and getattr(error.__cause__, "timeout", False)
+        return isinstance(error, ServerUnavailable) and _late(error.__cause__)
 
     def release(self, handle: object) -> None:
         handle.release()  # type: ignore[attr-defined]
