@@ -16,14 +16,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import select
 import sys
 import threading
 import time
 
 from django_mongolock import Lock, LockLost, LockManager
 from django_mongolock.deadlines import get_deadlines
-from tests.utils import reap
+from tests.utils import answer_of
 
 
 def fork_without_hooks() -> int:
@@ -92,12 +91,7 @@ def main(url: str, database: str, key: str) -> dict[str, object]:
     if pid == 0:  # pragma: no cover - the child
         child(lock, manager, write)
     os.close(write)
-    try:
-        ready, _, _ = select.select([read], [], [], 30.0)
-        answer = os.read(read, 4096).decode() if ready else None
-    finally:
-        os.close(read)
-        code = reap(pid, 10.0)
+    answer, code = answer_of(read, pid)
     lock.check()  # still this process's
     return {**found, "child": pid, "code": code, "answer": answer}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockLost, LockManager, LockNotAcquired
-from tests.utils import ROOT, finished, reap
+from tests.utils import ROOT, answer_of, finished
 
 
 def test_acquire_and_release(manager: LockManager, lock_events: list[tuple[str, Any]]) -> None:
@@ -300,13 +299,8 @@ def test_a_forked_child_makes_holder_ids_of_its_own(manager: LockManager) -> Non
         os.write(write, manager.new_owner().encode())
         os._exit(0)
     os.close(write)
-    try:
-        ready, _, _ = select.select([read], [], [], 30.0)
-        child = os.read(read, 200).decode() if ready else ""
-    finally:
-        os.close(read)
-        code = reap(pid, 10.0)
-    assert ready, "the forked child did not answer within 30 s"
+    child, code = answer_of(read, pid)
+    assert child is not None, "the forked child did not answer within 30 s"
     assert code == 0, child
     assert child.rsplit(":", 2)[1] == str(pid)
     assert child != manager.new_owner() != before

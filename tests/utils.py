@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -87,6 +88,18 @@ def held_here(lock: threading.RLock) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def answer_of(read: int, pid: int, within: float = 30.0) -> tuple[str | None, int]:
+    """A forked child's answer on the pipe ``read`` (None if it wrote nothing within
+    ``within`` seconds) and its exit code (``reap``); the pipe is closed after."""
+    try:
+        ready, _, _ = select.select([read], [], [], within)
+        answer = os.read(read, 4096).decode() if ready else None
+    finally:
+        os.close(read)
+        code = reap(pid, 10.0)
+    return answer, code
 
 
 def reap(pid: int, grace: float) -> int:
