@@ -7,8 +7,13 @@ moment its ``acquire()`` returns (one host: the processes share CLOCK_MONOTONIC)
 the same server's floor for those two steps, with the raw driver: one majority update's
 round trip, and when a change stream in another process delivers its event. A gap at
 the floor is the release's round trip plus that delivery. Handoffs are told apart by
-their tokens; a lease the waiter took by an attempt of its own is left out. See
-docs/performance.md.
+their tokens; a lease the waiter took by an attempt of its own is left out.
+
+A release is sent after the holder's 5 ms hold, while the server and the other process
+sat idle; a request sent right after another is answered sooner on a machine whose
+cores sleep when idle. So last, in one process with nobody else, a raw majority update
+and an uncontended ``acquire()``, each sent back to back and after the same pause as a
+release, in alternating blocks. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -17,18 +22,21 @@ import multiprocessing
 import queue
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pymongo import MongoClient
 
 from benchmarks.servers import mongo_server
 from benchmarks.stats import quantile
 
-__all__ = ["main", "ours", "raw"]
+if TYPE_CHECKING:
+    from django_mongolock import Lock
+
+__all__ = ["alone", "main", "ours", "paced", "raw"]
 
 DATABASE: Final = "mongolock_handoff_parts"
 KEY: Final = "parts"
@@ -37,6 +45,10 @@ HOLD: Final = 0.005
 WARM_UP: Final = 20
 # Bounds every wait on the other process.
 BOUND: Final = 120.0
+_T = TypeVar("_T")
+
+# The requests of one kind timed in a row by ``alone``, before the next kind's turn.
+BLOCK: Final = 50
 
 
 def _holder(url: str, handoffs: int, ready: Event, out: Queue[Any]) -> None:
@@ -194,6 +206,70 @@ def raw(url: str, writes: int) -> dict[str, list[float]]:
     return parts
 
 
+def paced(
+    send: Callable[[int], _T],
+    count: int,
+    pause: float,
+    then: Callable[[_T], object] = lambda _: None,
+) -> list[float]:
+    """The round trips of ``count`` calls of ``send`` (given their number), each sent
+    ``pause`` seconds after the previous one and ``then`` (untimed, given what ``send``
+    returned) were done (0: at once)."""
+    times = []
+    for n in range(count):
+        if pause:
+            time.sleep(pause)
+        started = time.monotonic()
+        answer = send(n)
+        times.append(time.monotonic() - started)
+        then(answer)
+    return times
+
+
+def alone(url: str, count: int) -> dict[str, list[float]]:
+    """One process, nobody else: a raw majority update and an uncontended ``acquire()``
+    (released at once, untimed), back to back and ``HOLD`` apart, ``count`` of each.
+
+    The kinds take turns in blocks of ``BLOCK``, so that a slower minute of a shared
+    machine weighs on all of them alike; each block's first request is left out (it
+    follows another kind's).
+    """
+    from django_mongolock import LockManager
+
+    writer: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
+    collection = writer[DATABASE].alone
+    collection.update_one({"_id": KEY}, {"$set": {"n": 0}}, upsert=True)
+    manager = LockManager(url, database=DATABASE)
+
+    def update(n: int) -> None:
+        collection.update_one({"_id": KEY}, {"$set": {"n": n}})
+
+    def acquire(n: int) -> Lock:
+        return manager.acquire(f"alone-{n % 10}", blocking=False)
+
+    def release(lock: Lock | None) -> None:
+        if lock is not None:
+            lock.release()
+
+    kinds: dict[str, tuple[Callable[[int], Lock | None], float]] = {
+        "update, back to back": (update, 0.0),
+        "update, after a pause": (update, HOLD),
+        "acquire, back to back": (acquire, 0.0),
+        "acquire, after a pause": (acquire, HOLD),
+    }
+    times: dict[str, list[float]] = {name: [] for name in kinds}
+    try:
+        for send, pause in kinds.values():
+            paced(send, WARM_UP, pause, release)
+        while len(times["update, back to back"]) < count:
+            for name, (send, pause) in kinds.items():
+                times[name].extend(paced(send, BLOCK + 1, pause, release)[1:])
+    finally:
+        manager.close()
+        writer.close()
+    return {name: values[:count] for name, values in times.items()}
+
+
 def _row(name: str, values: Sequence[float]) -> str:
     p50, p90 = quantile(values, 0.5), quantile(values, 0.9)
     return f"| {name} | {p50 * 1e3:.3f} ms | {p90 * 1e3:.3f} ms | {len(values)} |"
@@ -207,18 +283,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             mine = ours(server.url, handoffs)
             floor = raw(server.url, handoffs)
+            single = alone(server.url, handoffs)
         finally:
             cleaner: MongoClient[dict[str, Any]] = MongoClient(server.url)
             cleaner.drop_database(DATABASE)
             cleaner.close()
         print("| step | p50 | p90 | n |")
         print("|---|---|---|---|")
-        print(_row("raw: majority update, round trip", floor["write"]))
+        print(_row("raw: majority update, round trip (5 ms apart)", floor["write"]))
         print(_row("raw: its change event, after the update returned", floor["event"]))
         print(_row("ours: release(), round trip", mine["release"]))
         print(_row("ours: the release's event at the waiter, after it returned", mine["event"]))
         print(_row("ours: the waiter's acquire() returns, after its event", mine["wake"]))
         print(_row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
+        print()
+        print("One process alone, 5 ms apart (as a release after its hold) or back to back:")
+        print()
+        print("| request | p50 | p90 | n |")
+        print("|---|---|---|---|")
+        for name, values in single.items():
+            what = "raw: majority update" if name.startswith("update") else "ours: acquire()"
+            print(_row(f"{what}, {name.split(', ', 1)[1]}", values))
     return 0
 
 

@@ -24,7 +24,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from benchmarks import line_cost, scale, workers
+from benchmarks import handoff_parts, line_cost, scale, workers
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
@@ -447,3 +447,59 @@ def test_only_a_call_past_its_time_limit_counts_as_timed_out() -> None:
     assert not OurLock.timed_out(LockNotAcquired("busy"))
     assert FloorLock.timed_out(late)
     assert not any(FloorLock.timed_out(error) for error in down)
+
+
+def test_paced_requests_wait_the_pause_after_the_previous_one_and_time_only_the_request() -> None:
+    """Each call is sent ``pause`` after the previous call and its untimed ``then`` were
+    done, and only the call itself is timed: what a release after a hold meets."""
+    log: list[tuple[str, int, float]] = []
+
+    def send(n: int) -> int:
+        log.append(("send", n, time.monotonic()))
+        time.sleep(0.002)
+        return n * 10
+
+    def then(answer: int) -> None:
+        log.append(("then", answer, time.monotonic()))
+        time.sleep(0.02)
+
+    times = handoff_parts.paced(send, 4, 0.03, then)
+    assert [(kind, n) for kind, n, _ in log] == [
+        (kind, n * 10 if kind == "then" else n) for n in range(4) for kind in ("send", "then")
+    ]
+    for previous_then, sent in zip(log[1::2], log[2::2], strict=False):
+        assert sent[2] - previous_then[2] >= 0.02 + 0.03
+    # Timed: the 2 ms call, never the 20 ms that follow it.
+    assert len(times) == 4
+    assert all(0.002 <= spent < 0.02 for spent in times)
+
+
+def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
+    mongolock_url: str,
+) -> None:
+    """Raw updates and uncontended acquires, back to back and paced: as many of each,
+    every acquire got its key (``blocking=False`` raises otherwise), and each lock was
+    released again."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        times = handoff_parts.alone(mongolock_url, 5)
+        held = list(
+            client[handoff_parts.DATABASE]["locks"].find(
+                {"_id": {"$regex": "^alone-"}, "owner": {"$nin": [None, ""]}}
+            )
+        )
+        acquired = client[handoff_parts.DATABASE]["locks"].count_documents(
+            {"_id": {"$regex": "^alone-"}, "token": {"$gt": 0}}
+        )
+    finally:
+        client.drop_database(handoff_parts.DATABASE)
+        client.close()
+    assert set(times) == {
+        "update, back to back",
+        "update, after a pause",
+        "acquire, back to back",
+        "acquire, after a pause",
+    }
+    assert all(len(values) == 5 and min(values) > 0 for values in times.values())
+    assert held == []
+    assert acquired == 10
