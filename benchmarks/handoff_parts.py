@@ -10,8 +10,8 @@ the floor is the release's round trip plus that delivery. Handoffs are told apar
 their tokens; a lease the waiter took by an attempt of its own is left out.
 
 A release is sent after the holder's 5 ms hold, while the server and the other process
-sat idle; a request sent right after another is answered sooner on a machine whose
-cores sleep when idle. So last, in one process with nobody else, a raw majority update
+sat idle, and a request after such a pause may be answered later than one sent right
+after another. So last, in one process with nobody else (``lone``), a raw majority update
 and an uncontended ``acquire()``, each sent back to back and after the same pause as a
 release, in alternating blocks. See docs/performance.md.
 """
@@ -36,7 +36,9 @@ from benchmarks.stats import quantile
 if TYPE_CHECKING:
     from django_mongolock import Lock
 
-__all__ = ["alone", "main", "ours", "paced", "raw"]
+__all__ = ["lone", "main", "ours", "paced", "raw"]
+
+_T = TypeVar("_T")
 
 DATABASE: Final = "mongolock_handoff_parts"
 KEY: Final = "parts"
@@ -45,10 +47,13 @@ HOLD: Final = 0.005
 WARM_UP: Final = 20
 # Bounds every wait on the other process.
 BOUND: Final = 120.0
-_T = TypeVar("_T")
-
-# The requests of one kind timed in a row by ``alone``, before the next kind's turn.
+# The requests of one kind timed in a row by ``lone``, before the next kind's turn.
 BLOCK: Final = 50
+# The keys ``lone`` acquires in turn, as many as the handoff target's reference uses
+# (``workloads.handoff``'s uncontended job): each is free again when its turn comes.
+LONE_KEYS: Final = 10
+# Bounds each of ``lone``'s acquires: its key is free, unless a release went wrong.
+LONE_WAIT: Final = 10.0
 
 
 def _holder(url: str, handoffs: int, ready: Event, out: Queue[Any]) -> None:
@@ -176,14 +181,14 @@ def raw(url: str, writes: int) -> dict[str, list[float]]:
     another process, delivers its event after the update returned."""
     writer: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
     collection = writer[DATABASE].raw
-    collection.update_one({"_id": KEY}, {"$set": {"n": 0}}, upsert=True)
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
     heard_out: Queue[Any] = ctx.Queue()
     watcher = ctx.Process(target=_raw_watch, args=(url, ready, heard_out))
-    watcher.start()
     sent: dict[int, tuple[float, float]] = {}
     try:
+        collection.update_one({"_id": KEY}, {"$set": {"n": 0}}, upsert=True)
+        watcher.start()
         if not ready.wait(BOUND):
             raise RuntimeError("the change stream did not open")
         for n in range(1, writes + 1):
@@ -212,60 +217,66 @@ def paced(
     pause: float,
     then: Callable[[_T], object] = lambda _: None,
 ) -> list[float]:
-    """The round trips of ``count`` calls of ``send`` (given their number), each sent
-    ``pause`` seconds after the previous one and ``then`` (untimed, given what ``send``
-    returned) were done (0: at once)."""
+    """How long each of ``count`` calls of ``send`` (given its number) took. Each call is
+    made ``pause`` seconds (0: none) after the previous one and ``then`` (untimed, given
+    what ``send`` returned) were done; the first call too waits ``pause``, so that it
+    comes after as long a quiet as the others."""
     times = []
     for n in range(count):
         if pause:
             time.sleep(pause)
-        started = time.monotonic()
+        started = time.perf_counter()
         answer = send(n)
-        times.append(time.monotonic() - started)
+        times.append(time.perf_counter() - started)
         then(answer)
     return times
 
 
-def alone(url: str, count: int) -> dict[str, list[float]]:
+def lone(
+    url: str, count: int, database: str = DATABASE, block: int = BLOCK
+) -> dict[str, list[float]]:
     """One process, nobody else: a raw majority update and an uncontended ``acquire()``
-    (released at once, untimed), back to back and ``HOLD`` apart, ``count`` of each.
+    (the default, blocking call, as the handoff target's reference makes it; released at
+    once, untimed), each back to back and ``HOLD`` apart: ``count`` round trips of each,
+    by the row name ``main`` prints.
 
-    The kinds take turns in blocks of ``BLOCK``, so that a slower minute of a shared
+    The kinds take turns in blocks of ``block``, so that a slower minute of a shared
     machine weighs on all of them alike; each block's first request is left out (it
-    follows another kind's).
+    follows another kind's), and so are ``WARM_UP`` requests of each kind first.
     """
     from django_mongolock import LockManager
 
     writer: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
-    collection = writer[DATABASE].alone
-    collection.update_one({"_id": KEY}, {"$set": {"n": 0}}, upsert=True)
-    manager = LockManager(url, database=DATABASE)
-
-    def update(n: int) -> None:
-        collection.update_one({"_id": KEY}, {"$set": {"n": n}})
-
-    def acquire(n: int) -> Lock:
-        return manager.acquire(f"alone-{n % 10}", blocking=False)
-
-    def release(lock: Lock | None) -> None:
-        if lock is not None:
-            lock.release()
-
-    kinds: dict[str, tuple[Callable[[int], Lock | None], float]] = {
-        "update, back to back": (update, 0.0),
-        "update, after a pause": (update, HOLD),
-        "acquire, back to back": (acquire, 0.0),
-        "acquire, after a pause": (acquire, HOLD),
-    }
-    times: dict[str, list[float]] = {name: [] for name in kinds}
     try:
-        for send, pause in kinds.values():
-            paced(send, WARM_UP, pause, release)
-        while len(times["update, back to back"]) < count:
-            for name, (send, pause) in kinds.items():
-                times[name].extend(paced(send, BLOCK + 1, pause, release)[1:])
+        collection = writer[database].lone
+        manager = LockManager(url, database=database)
+        try:
+
+            def update(n: int) -> None:
+                collection.update_one({"_id": KEY}, {"$set": {"n": n}}, upsert=True)
+
+            def acquire(n: int) -> Lock:
+                return manager.acquire(f"lone-{n % LONE_KEYS}", timeout=LONE_WAIT)
+
+            def release(lock: Lock | None) -> None:
+                if lock is not None:
+                    lock.release()
+
+            kinds: dict[str, tuple[Callable[[int], Lock | None], float]] = {
+                "raw: majority update, back to back": (update, 0.0),
+                "raw: majority update, 5 ms after the previous request": (update, HOLD),
+                "ours: acquire(), back to back": (acquire, 0.0),
+                "ours: acquire(), 5 ms after the previous request": (acquire, HOLD),
+            }
+            times: dict[str, list[float]] = {name: [] for name in kinds}
+            for send, pause in kinds.values():
+                paced(send, WARM_UP, pause, release)
+            while min(len(values) for values in times.values()) < count:
+                for name, (send, pause) in kinds.items():
+                    times[name].extend(paced(send, block + 1, pause, release)[1:])
+        finally:
+            manager.close()
     finally:
-        manager.close()
         writer.close()
     return {name: values[:count] for name, values in times.items()}
 
@@ -283,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             mine = ours(server.url, handoffs)
             floor = raw(server.url, handoffs)
-            single = alone(server.url, handoffs)
+            single = lone(server.url, handoffs - WARM_UP)
         finally:
             cleaner: MongoClient[dict[str, Any]] = MongoClient(server.url)
             cleaner.drop_database(DATABASE)
@@ -297,13 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_row("ours: the waiter's acquire() returns, after its event", mine["wake"]))
         print(_row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
         print()
-        print("One process alone, 5 ms apart (as a release after its hold) or back to back:")
+        print("One process alone: requests back to back, or after a pause as a release is:")
         print()
         print("| request | p50 | p90 | n |")
         print("|---|---|---|---|")
         for name, values in single.items():
-            what = "raw: majority update" if name.startswith("update") else "ours: acquire()"
-            print(_row(f"{what}, {name.split(', ', 1)[1]}", values))
+            print(_row(name, values))
     return 0
 
 

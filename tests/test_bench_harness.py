@@ -449,57 +449,58 @@ def test_only_a_call_past_its_time_limit_counts_as_timed_out() -> None:
     assert not any(FloorLock.timed_out(error) for error in down)
 
 
-def test_paced_requests_wait_the_pause_after_the_previous_one_and_time_only_the_request() -> None:
-    """Each call is sent ``pause`` after the previous call and its untimed ``then`` were
-    done, and only the call itself is timed: what a release after a hold meets."""
+def test_paced_requests_wait_the_pause_after_the_previous_one_and_time_only_the_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each call is made ``pause`` after the previous call and its untimed ``then`` were
+    done (the first after a pause too), and only the call itself is timed: what a release
+    after a hold meets. On a clock of the test's own, so that the times are exact."""
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    clock = SimpleNamespace(perf_counter=lambda: now[0], sleep=sleep)
+    monkeypatch.setattr(handoff_parts, "time", clock)
     log: list[tuple[str, int, float]] = []
 
     def send(n: int) -> int:
-        log.append(("send", n, time.monotonic()))
-        time.sleep(0.002)
+        log.append(("send", n, now[0]))
+        sleep(0.002)
         return n * 10
 
     def then(answer: int) -> None:
-        log.append(("then", answer, time.monotonic()))
-        time.sleep(0.02)
+        log.append(("then", answer, now[0]))
+        sleep(0.02)
 
     times = handoff_parts.paced(send, 4, 0.03, then)
     assert [(kind, n) for kind, n, _ in log] == [
         (kind, n * 10 if kind == "then" else n) for n in range(4) for kind in ("send", "then")
     ]
-    for previous_then, sent in zip(log[1::2], log[2::2], strict=False):
-        assert sent[2] - previous_then[2] >= 0.02 + 0.03
-    # Timed: the 2 ms call, never the 20 ms that follow it.
-    assert len(times) == 4
-    assert all(0.002 <= spent < 0.02 for spent in times)
+    sends = [at for kind, _, at in log if kind == "send"]
+    assert sends == pytest.approx([100.03 + n * 0.052 for n in range(4)])
+    assert times == pytest.approx([0.002] * 4)
 
 
 def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
-    mongolock_url: str,
+    mongolock_url: str, mongolock_database: str
 ) -> None:
-    """Raw updates and uncontended acquires, back to back and paced: as many of each,
-    every acquire got its key (``blocking=False`` raises otherwise), and each lock was
-    released again."""
+    """Raw updates and uncontended acquires, back to back and paced: ``count`` of each,
+    and each lock released again (closing the manager would not release it)."""
+    times = handoff_parts.lone(mongolock_url, 7, database=mongolock_database, block=3)
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
-        times = handoff_parts.alone(mongolock_url, 5)
-        held = list(
-            client[handoff_parts.DATABASE]["locks"].find(
-                {"_id": {"$regex": "^alone-"}, "owner": {"$nin": [None, ""]}}
-            )
-        )
-        acquired = client[handoff_parts.DATABASE]["locks"].count_documents(
-            {"_id": {"$regex": "^alone-"}, "token": {"$gt": 0}}
-        )
+        locks = client[mongolock_database]["locks"]
+        held = locks.count_documents({"owner": {"$nin": [None, ""]}})
+        keys = sorted(locks.distinct("_id"))
     finally:
-        client.drop_database(handoff_parts.DATABASE)
         client.close()
     assert set(times) == {
-        "update, back to back",
-        "update, after a pause",
-        "acquire, back to back",
-        "acquire, after a pause",
+        "raw: majority update, back to back",
+        "raw: majority update, 5 ms after the previous request",
+        "ours: acquire(), back to back",
+        "ours: acquire(), 5 ms after the previous request",
     }
-    assert all(len(values) == 5 and min(values) > 0 for values in times.values())
-    assert held == []
-    assert acquired == 10
+    assert [len(values) for values in times.values()] == [7] * 4
+    assert keys == [f"lone-{n}" for n in range(handoff_parts.LONE_KEYS)]
+    assert held == 0
