@@ -47,6 +47,8 @@ HOLD: Final = 0.005
 WARM_UP: Final = 20
 # Bounds every wait on the other process.
 BOUND: Final = 120.0
+# ``HOLD`` as the rows name it.
+_AFTER_HOLD: Final = f"{HOLD * 1000:g} ms"
 # The requests of one kind timed in a row by ``lone``, before the next kind's turn.
 BLOCK: Final = 50
 # The keys ``lone`` acquires in turn, as many as the handoff target's reference uses
@@ -262,11 +264,15 @@ def lone(
                 if lock is not None:
                     lock.release()
 
-            kinds: dict[str, tuple[Callable[[int], Lock | None], float]] = {
-                "raw: majority update, back to back": (update, 0.0),
-                "raw: majority update, 5 ms after the previous request": (update, HOLD),
-                "ours: acquire(), back to back": (acquire, 0.0),
-                "ours: acquire(), 5 ms after the previous request": (acquire, HOLD),
+            requests: dict[str, Callable[[int], Lock | None]] = {
+                "raw: majority update": update,
+                "ours: acquire()": acquire,
+            }
+            pacings = {"back to back": 0.0, f"{_AFTER_HOLD} after the previous request": HOLD}
+            kinds = {
+                f"{request}, {pacing}": (send, pause)
+                for request, send in requests.items()
+                for pacing, pause in pacings.items()
             }
             times: dict[str, list[float]] = {name: [] for name in kinds}
             for send, pause in kinds.values():
@@ -301,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cleaner.close()
         print("| step | p50 | p90 | n |")
         print("|---|---|---|---|")
-        print(_row("raw: majority update, round trip (5 ms apart)", floor["write"]))
+        print(_row(f"raw: majority update, round trip ({_AFTER_HOLD} apart)", floor["write"]))
         print(_row("raw: its change event, after the update returned", floor["event"]))
         print(_row("ours: release(), round trip", mine["release"]))
         print(_row("ours: the release's event at the waiter, after it returned", mine["event"]))
