@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pkgutil
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import django_mongolock
+from tests.utils import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 ADAPTERS = 1  # layers[0] is the test harness, layers[1] the Django adapters
 
 

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +24,7 @@ from django_mongolock.decorating.coalesce import Requests
 from django_mongolock.queries.requests import REQUESTS_TTL_INDEX as TTL_INDEX
 from django_mongolock.testing import MongoReplicaSet
 from tests import coalesce_worker
-from tests.utils import finished
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.utils import ROOT, finished
 
 
 def wait_until(condition: Any, what: str, seconds: float = 20.0) -> None:

@@ -12,7 +12,6 @@ import sys
 import time
 import tracemalloc
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,11 +20,9 @@ from pytest_django.fixtures import Settings
 from django_mongolock import LockLost, LockManager, clock, locks
 from django_mongolock.management.commands.mongolock import Command
 from django_mongolock.terminal import relative as _relative
-from tests.utils import run_command, without_slow_server_warnings
+from tests.utils import ROOT, run_command, without_slow_server_warnings
 
 pytestmark = pytest.mark.usefixtures("mongolock_settings")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _insert_expired(key: str, *, owner: str = "gone:1:dead", token: int = 5) -> None:

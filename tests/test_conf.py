@@ -30,6 +30,7 @@ from django_mongolock import (
 from django_mongolock.checks import check_server, check_settings
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
+from tests.utils import ROOT
 
 
 def _ids(messages: list[checks.CheckMessage]) -> list[str]:
@@ -207,8 +208,6 @@ def test_server_check_reports_a_standalone_server(
 
 
 # -- the package's version -------------------------------------------------------------------
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_version_is_the_installed_metadata() -> None:

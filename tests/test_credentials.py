@@ -31,9 +31,8 @@ from pytest_django.fixtures import Settings as SettingsWrapper
 from django_mongolock import ConfigurationError, LockManager, MongoLockError, conf, locks
 from django_mongolock.checks import check_settings
 from django_mongolock.testing import free_port
-from tests.utils import run_command
+from tests.utils import ROOT, run_command
 
-ROOT = Path(__file__).resolve().parent.parent
 USER = "mongolock-auditor"
 PASSWORD = "S3cret-Pa55_word"
 WRONG = "Wr0ng-Pa55_word"

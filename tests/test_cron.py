@@ -21,9 +21,8 @@ import pytest
 from pymongo import MongoClient
 
 from django_mongolock import BUSY_EXIT_CODE
-from tests.utils import finished
+from tests.utils import ROOT, finished
 
-ROOT = Path(__file__).resolve().parent.parent
 HOSTS = 8
 # Sleep until the shared instant, note the time it woke, then become the command (no new
 # process: the same pid).

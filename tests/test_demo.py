@@ -32,8 +32,8 @@ from testproject.demo_workers import (
     STUCK_KEY,
     AdminClient,
 )
+from tests.utils import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 STARTED_WITHIN = 120.0
 """Seconds for MongoDB, the migrations and the workers: generous, the machine may be busy."""
 LIVING_WITHIN = 60.0

@@ -34,12 +34,12 @@ from pymongo.database import Database
 from django_mongolock import LockManager
 from django_mongolock.decorating.coalesce import Requests
 from tests.fencing.postgres import PostgresServer
+from tests.utils import ROOT
 
 pytest.importorskip("django.tasks", reason="django.tasks needs Django 6")
 
 pytestmark = pytest.mark.timeout(240)
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ("alpha", "beta")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +18,7 @@ from django_mongolock.info import process_of, processes_of
 from django_mongolock.queries import HEARTBEAT_SLACK
 from django_mongolock.refresher import get_refresher
 from tests.commands import Recorder
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.utils import ROOT
 
 
 def _holder(url: str, database: str, key: str, ttl: float) -> subprocess.Popen[str]:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +16,7 @@ from django.views import View
 
 from django_mongolock import Lock, LockLost, LockManager, current_lock, locked
 from django_mongolock.decorators import BUSY_EXIT_CODE, LOST_EXIT_CODE
-from tests.utils import without_slow_server_warnings
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.utils import ROOT, without_slow_server_warnings
 
 
 def _force_release_when_held(manager: LockManager, key: str) -> threading.Thread:

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,12 +23,9 @@ from django_mongolock import (
     LockNotAcquired,
     Semaphore,
 )
-from tests.utils import run_command
+from tests.utils import ROOT, run_command
 from tests.waiting import in_line
 from tests.workers import opposite_groups, readers_writers
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 # -- shared and exclusive ----------------------------------------------------------------------
 

@@ -9,15 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from django_mongolock import Lock, LockManager, MongoLockError, clock
 from django_mongolock.refresher import Refresher, get_refresher
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.utils import ROOT
 
 
 def _holder(url: str, database: str, key: str, ttl: float, mode: str) -> subprocess.Popen[str]:

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import bson
 import pytest
@@ -30,7 +29,7 @@ from django_mongolock import LockManager, relay
 from django_mongolock import watcher as watching
 from django_mongolock.owners import host_prefix
 from tests.relay_peers import drained, hello, join
-from tests.utils import reap
+from tests.utils import ROOT, reap
 from tests.waiting import LEASE, Wait, lead_and_follow, streaming_as, until
 
 pytestmark = [
@@ -38,7 +37,6 @@ pytestmark = [
     pytest.mark.skipif(not relay.supported(), reason="the relay needs Linux's abstract sockets"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
 # Another user: the impostors and strangers run as ``nobody``.
 NOBODY = 65534
 

@@ -8,18 +8,15 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pytest_django.fixtures import Settings
 
 from django_mongolock import BUSY_EXIT_CODE, LockManager, locks
-from tests.utils import finished, run_command
+from tests.utils import ROOT, finished, run_command
 
 pytestmark = pytest.mark.usefixtures("mongolock_settings")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_runs_under_the_lock_and_prints_its_token(lock_events: list[tuple[str, Any]]) -> None:

@@ -30,10 +30,9 @@ from django_mongolock.testing import MongoReplicaSet, ReplicaSetError
 from tests.reliability.agents import RESOURCE
 from tests.reliability.fenced import FencedResource
 from tests.reliability.proxy import TcpProxy
-from tests.utils import stop_and_check
+from tests.utils import ROOT, stop_and_check
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 
 SLACK = 1.5
 """Seconds of scheduling delay allowed on top of any promised bound: the tests run beside
