@@ -31,6 +31,8 @@ class LeaseState:
     """A held lease as this process sees it: who holds what, until when, and whether lost.
 
     ``sender`` sends the lease's ``lock_lost`` signal (the manager that gave it out).
+    ``key``, ``owner``, ``token``, ``shared`` and ``refreshable`` never change once set
+    here: the refresher lists them once and sends that list while its leases stay the same.
     """
 
     __slots__ = (

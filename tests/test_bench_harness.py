@@ -24,13 +24,15 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from benchmarks import handoff_parts, line_cost, scale, workers
+from benchmarks import handoff_parts, line_cost, scale, tick_cpu, workers
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
 from benchmarks.workers import Job, Pool, Shared
-from django_mongolock import LockNotAcquired, ServerUnavailable
+from django_mongolock import LockNotAcquired, ServerUnavailable, lanes
+from django_mongolock.refresher import get_refresher
 from django_mongolock.testing import MongoReplicaSet
+from tests.commands import RecordedManager, Recorder
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import until
 
@@ -504,3 +506,66 @@ def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
     assert [len(values) for values in times.values()] == [7] * 4
     assert keys == [f"lone-{n}" for n in range(handoff_parts.LONE_KEYS)]
     assert held == 0
+
+
+def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_sent(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """``tick_cpu``: every timed tick encodes the exclusive and the shared write, sends no
+    command, extends every lease as reported, and leaves the store as it found it."""
+    recorder = Recorder()
+
+    class Recorded(RecordedManager):
+        pass
+
+    Recorded.recorder = recorder
+    manager = Recorded(mongolock_url, database=mongolock_database, ttl=300)
+    try:
+        held = tick_cpu.take(manager, 5, 2)
+        store = manager.store
+        real = store.refresh_many
+        recorder.clear()
+        deadlines = [lock.deadline for lock in held]
+        encoded: list[int] = []
+        with tick_cpu.answering_at_once(manager) as sizes:
+            lane = get_refresher().lane_of(manager)
+            assert lane is not None
+            lane.tick()
+            encoded = list(sizes)
+        assert len(encoded) == 2
+        assert min(encoded) > 0
+        built: list[int] = []
+        build = lanes._Batch.of
+
+        def counted(locks: Any, version: int) -> lanes._Batch:
+            built.append(len(locks))
+            return build(locks, version)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lanes._Batch, "of", counted)
+            spent = tick_cpu.measure(manager, 3)
+            assert built == []  # the leases did not change: listed once, before
+            assert recorder.on(mongolock_database, manager.collection) == []  # nothing sent
+            churned = tick_cpu.measure(manager, 3, churn=True)
+            assert built == [7] * 4  # a lock came and went before each tick
+        # Only that lock's acquires and releases went to the server, no refresh write.
+        sent = recorder.on(mongolock_database, manager.collection)
+        assert len(sent) >= 8
+        assert not [
+            update
+            for command in sent
+            if command.name == "update"
+            for update in command.command["updates"]
+            if update.get("multi")
+        ]
+        assert len(spent) == len(churned) == 3
+        assert min(spent + churned) > 0
+        assert all(lock.valid for lock in held)
+        # Each tick told every lease it was extended: the deadlines moved on.
+        assert all(lock.deadline > before for lock, before in zip(held, deadlines, strict=True))
+        assert store.refresh_many == real
+        assert "refresh_many" not in vars(store)
+        for lock in held:
+            assert lock.release()
+    finally:
+        manager.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -116,6 +117,79 @@ def test_a_force_release_is_noticed_within_one_tick(
     assert called == [lock]
     assert [name for name, _ in lock_events].count("lost") == 1
     assert [event_lock for name, event_lock in lock_events if name == "lost"] == [lock]
+
+
+def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_they_change(
+    manager: LockManager, other: LockManager, refresher: Refresher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick reuses the last one's list of leases while none joined or left: a lease
+    taken, released, found lost or garbage collected is in the next tick's write, or out."""
+    store = manager.store
+    me = threading.get_ident()
+    sent: list[tuple[str, tuple[tuple[str, str, int], ...]]] = []
+    beats: list[frozenset[str]] = []
+
+    def spy(name: str) -> Any:
+        real = getattr(store, name)
+
+        def call(held: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:  # not the lane's own thread, should it tick
+                if name == "heartbeat":
+                    beats.append(held)
+                else:
+                    sent.append((name, held))
+            return real(held, *args, **kwargs)
+
+        return call
+
+    for name in ("refresh_many", "refresh_shared_many", "heartbeat"):
+        monkeypatch.setattr(store, name, spy(name))
+    # Long leases: the lane's own ticks come 100 s apart, long after the test.
+    first, second = manager.acquire("batch-a", ttl=300), manager.acquire("batch-b", ttl=300)
+    reader = manager.acquire("batch-s", ttl=300, shared=True)
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+
+    def tick() -> tuple[tuple[tuple[str, str, int], ...], ...]:
+        del sent[:]
+        lane.tick()
+        written = dict(sent)
+        return written.get("refresh_many", ()), written.get("refresh_shared_many", ())
+
+    def leases(*locks: Lock) -> set[tuple[str, str, int]]:
+        return {(lk.key, lk.owner, lk.token) for lk in locks}
+
+    exclusive, shared = tick()
+    assert (set(exclusive), set(shared)) == (leases(first, second), leases(reader))
+    assert beats[-1] == {first.owner.rpartition(":")[0]}
+    again, _ = tick()
+    assert again is exclusive  # nothing changed: the same tuple, not built again
+    third = manager.acquire("batch-c", ttl=300)
+    assert set(tick()[0]) == leases(first, second, third)
+    assert second.release()
+    assert set(tick()[0]) == leases(first, third)
+    # Found released by somebody else: lost at that tick, and not written again.
+    other.force_release("batch-c")
+    assert set(tick()[0]) == leases(first, third)
+    assert third.lost.is_set()
+    assert set(tick()[0]) == leases(first)
+    # A handle dropped without a release leaves the lane by itself: the set shrinks.
+    more = manager.acquire("batch-d", ttl=300)
+    assert set(tick()[0]) == leases(first, more)
+    del more
+    gc.collect()
+    assert set(tick()[0]) == leases(first)
+    # One dropped and one taken between two ticks: as many leases, not the same ones.
+    more = manager.acquire("batch-e", ttl=300)
+    assert set(tick()[0]) == leases(first, more)
+    del more
+    gc.collect()
+    fourth = manager.acquire("batch-f", ttl=300)
+    assert set(tick()[0]) == leases(first, fourth)
+    assert fourth.release()
+    reader.release()
+    assert tick() == (tuple(leases(first)), ())
+    assert first.release()
 
 
 def test_one_thread_per_manager_serves_a_thousand_locks(
