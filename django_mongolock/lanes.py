@@ -446,7 +446,7 @@ class _Batch(NamedTuple):
 
     Built again only when the leases changed (``version``, ``size``): a lease's key,
     owner, token and kind never change, and at 10,000 leases listing them and parsing
-    their processes every tick was about a fifth of the tick's own work.
+    their processes every tick was a quarter to a third of the tick's own work.
     """
 
     version: int
