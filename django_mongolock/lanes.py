@@ -450,16 +450,18 @@ class _Batch(NamedTuple):
     """
 
     version: int
-    size: int
     exclusive: tuple[tuple[str, str, int], ...]
     shared: tuple[tuple[str, str, int], ...]
     processes: frozenset[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.exclusive) + len(self.shared)
 
     @classmethod
     def of(cls, locks: Sequence[Lease], version: int) -> _Batch:
         return cls(
             version,
-            len(locks),
             tuple([(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]),
             tuple([(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]),
             frozenset(processes_of(lk.owner for lk in locks)),

@@ -513,13 +513,8 @@ def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_s
 ) -> None:
     """``tick_cpu``: every timed tick encodes the exclusive and the shared write, sends no
     command, extends every lease as reported, and leaves the store as it found it."""
-    recorder = Recorder()
-
-    class Recorded(RecordedManager):
-        pass
-
-    Recorded.recorder = recorder
-    manager = Recorded(mongolock_url, database=mongolock_database, ttl=300)
+    manager = RecordedManager(mongolock_url, database=mongolock_database, ttl=300)
+    recorder = manager.recorder = Recorder()  # read when the first client is built
     try:
         held = tick_cpu.take(manager, 5, 2)
         store = manager.store

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockManager, MongoLockError, clock
+from django_mongolock.info import process_of
 from django_mongolock.refresher import Refresher, get_refresher
 from tests.utils import ROOT
 
@@ -161,7 +162,7 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
 
     exclusive, shared = tick()
     assert (set(exclusive), set(shared)) == (leases(first, second), leases(reader))
-    assert beats[-1] == {first.owner.rpartition(":")[0]}
+    assert beats[-1] == {process_of(first.owner)}
     again, _ = tick()
     assert again is exclusive  # nothing changed: the same tuple, not built again
     third = manager.acquire("batch-c", ttl=300)
