@@ -3,9 +3,10 @@
 ``python -m benchmarks.tick_cpu [LOCKS [SHARED [TICKS]]]`` (default 10,000 exclusive
 locks, 900 shared ones and 60 ticks): one process takes the locks with the defaults (so
 its refresher keeps them), then runs its lane's tick again and again with the manager's
-store answering at once: each refresh write's filter and pipeline are encoded
-(``bson.encode``, the bulk of what the driver encodes) and every lease is reported
-extended, and the heartbeat is not sent. What is left is the tick's own work, timed by
+lock collection answering at once: each refresh write's command is encoded
+(``bson.encode``, the bulk of what the driver does; a filter and pipeline that the store
+kept encoded are copied as they are) and every document it names is reported extended,
+and the heartbeat is not sent. What is left is the tick's own work, timed by
 the thread's CPU clock (``time.thread_time``): the pass over the lane's leases, the
 queries, each lease's ``renewed()``, and the garbage collector's share. Twice: with the
 leases unchanged from tick to tick (the lane lists them once), and with one more lock
@@ -25,18 +26,20 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 import bson
 from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.results import UpdateResult
 
 from benchmarks.contenders import DATABASE
 from benchmarks.markdown import span
 from benchmarks.refreshing import FILL_THREADS, REFRESH_TTL
 from benchmarks.servers import mongo_server
-from django_mongolock import Lock, LockManager, queries
+from django_mongolock import Lock, LockManager
 from django_mongolock.refresher import get_refresher
 
 __all__ = ["COLLECTION", "answering_at_once", "measure", "take"]
@@ -56,39 +59,51 @@ def take(manager: LockManager, exclusive: int, shared: int) -> list[Lock]:
         return list(pool.map(lambda k: manager.acquire(k[0], shared=k[1], blocking=False), wanted))
 
 
+class _Answering:
+    """The store's lock collection, but for ``update_many``: each is encoded as the
+    driver would encode its command, and answered at once with every document of the
+    lane's leases modified, without being sent."""
+
+    def __init__(self, manager: LockManager, collection: Collection[Any]) -> None:
+        self._manager = manager
+        self._collection = collection
+        self.encoded: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collection, name)
+
+    def update_many(self, query: Mapping[str, Any], pipeline: Any, **kwargs: Any) -> Any:
+        update = {"q": query, "u": pipeline, "multi": True, **kwargs}
+        self.encoded.append(len(bson.encode({"update": COLLECTION, "updates": [update]})))
+        # Counted from the lane's list, not read back from the filter, which would be
+        # this harness's own work (a kept filter is encoded, and reading it decodes it).
+        lane = get_refresher().lane_of(self._manager)
+        batch = None if lane is None else lane._batch
+        if batch is None:
+            raise RuntimeError("a refresh write came from outside the manager's lane")
+        shared = "owner" not in query  # the shared leases' filter names "holders.owner"
+        modified = len({key for key, _, _ in batch.shared}) if shared else len(batch.exclusive)
+        return UpdateResult({"n": modified, "nModified": modified}, acknowledged=True)
+
+
 @contextlib.contextmanager
 def answering_at_once(manager: LockManager) -> Iterator[list[int]]:
-    """The manager's store encodes each refresh write's command and reports every lease
-    extended, without sending it; the heartbeat is dropped. Yields the sizes of the
-    commands encoded, in bytes."""
+    """The manager's store encodes each refresh write's command and reports every
+    document it names extended, without sending it (``_Answering``); the heartbeat is
+    dropped. Yields the sizes of the commands encoded, in bytes."""
     store = manager.store
-    encoded: list[int] = []
-
-    def write(build: Any) -> Any:
-        def send(held: Sequence[tuple[str, str, int]]) -> set[str]:
-            query, pipeline = build(held)
-            command = {"update": COLLECTION, "updates": [{"q": query, "u": pipeline}]}
-            encoded.append(len(bson.encode(command)))
-            return set()
-
-        return send
-
-    patched = {
-        "refresh_many": write(queries.refresh_many),
-        "refresh_shared_many": write(queries.refresh_shared_many),
-        "heartbeat": lambda process_ids, interval: None,
-    }
-    before = {name: vars(store).get(name) for name in patched}
-    for name, method in patched.items():
-        setattr(store, name, method)
+    collection, heartbeat = store.collection, vars(store).get("heartbeat")
+    answering = _Answering(manager, collection)
+    store.collection = answering  # type: ignore[assignment]
+    store.heartbeat = lambda process_ids, interval: None  # type: ignore[method-assign]
     try:
-        yield encoded
+        yield answering.encoded
     finally:
-        for name, method in before.items():
-            if method is None:
-                delattr(store, name)
-            else:
-                setattr(store, name, method)
+        store.collection = collection
+        if heartbeat is None:
+            del store.heartbeat
+        else:
+            store.heartbeat = heartbeat  # type: ignore[method-assign]
 
 
 def measure(manager: LockManager, ticks: int, *, churn: bool = False) -> list[float]:

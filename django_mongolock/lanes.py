@@ -21,7 +21,7 @@ from django_mongolock import clock, events, reasons
 from django_mongolock.exceptions import MongoLockError, ServerUnavailable
 from django_mongolock.info import processes_of
 from django_mongolock.mongo import DOCUMENT_REFUSED
-from django_mongolock.store import LockStore
+from django_mongolock.store import Kept, LockStore
 
 __all__ = ["Campaign", "Lane", "Lease", "Registry", "StoreSource", "interval"]
 
@@ -72,7 +72,7 @@ class Lease(Protocol):
     @property
     def released(self) -> bool: ...
 
-    def renewed(self, sent_at: float) -> bool: ...
+    def renewed(self, sent_at: float, ends: dict[float, float] | None = None) -> bool: ...
 
     def mark_lost(self, reason: str, *, inline: bool = True) -> bool: ...
 
@@ -381,6 +381,7 @@ class Lane:
         lost: list[Lease] = []
         lapsed: list[Lease] = []
         left = set(map(id, refused)) if refused else None
+        ends: dict[float, float] = {}  # each lease length's new deadline
         for lock in locks:
             if left is not None and id(lock) in left:
                 continue  # not extended: its deadline comes, as a refresh failure
@@ -388,7 +389,7 @@ class Lane:
                 if not lock.released:  # released while this tick ran: not lost
                     lost.append(lock)
             # Extended by its ttl at a server time after sent_at.
-            elif not lock.renewed(sent_at) and not lock.released:
+            elif not lock.renewed(sent_at, ends) and not lock.released:
                 lapsed.append(lock)
         if lost or lapsed:
             with self._cond:
@@ -446,13 +447,16 @@ class _Batch(NamedTuple):
 
     Built again only when the leases changed (``version``, ``size``): a lease's key,
     owner, token and kind never change, and at 10,000 leases listing them and parsing
-    their processes every tick was a quarter to a third of the tick's own work.
+    their processes every tick was a quarter to a third of the tick's own work. The
+    store keeps the writes' encoded arguments in ``kept`` (``LockStore.refresh_many``),
+    which goes with the batch.
     """
 
     version: int
     exclusive: tuple[tuple[str, str, int], ...]
     shared: tuple[tuple[str, str, int], ...]
     processes: frozenset[str]
+    kept: Kept  # mutable: a batch is told apart by identity, never hashed
 
     @property
     def size(self) -> int:
@@ -465,6 +469,7 @@ class _Batch(NamedTuple):
             tuple([(lk.key, lk.owner, lk.token) for lk in locks if not lk.shared]),
             tuple([(lk.key, lk.owner, lk.token) for lk in locks if lk.shared]),
             frozenset(processes_of(lk.owner for lk in locks)),
+            {},
         )
 
 
@@ -487,7 +492,8 @@ def _write(store: LockStore, locks: Sequence[Lease], batch: _Batch) -> tuple[set
     first: MongoLockError | None = None
     for held, is_shared in ((exclusive, False), (shared, True)):
         try:
-            gone |= store.refresh_shared_many(held) if is_shared else store.refresh_many(held)
+            refresh = store.refresh_shared_many if is_shared else store.refresh_many
+            gone |= refresh(held, kept=batch.kept)
             continue
         except MongoLockError as exc:
             if not _refusal(exc):

@@ -267,16 +267,22 @@ class LeaseState:
         with self._mutex:
             self.ttl = max(self.ttl, ttl)
 
-    def renewed(self, sent_at: float) -> bool:
+    def renewed(self, sent_at: float, ends: dict[float, float] | None = None) -> bool:
         """Extend by the lease after a bulk refresh sent at ``sent_at``; False if lost meanwhile.
 
         The lease is read here, not when the refresh was sent: a ``refresh(ttl=shorter)``
-        that reached the server first has already shortened it (``_shorten``).
+        that reached the server first has already shortened it (``_shorten``). ``ends``,
+        shared by the leases of one refresh, keeps each lease length's new deadline.
         """
         with self._mutex:
             if self._lost:
                 return False
-            deadline = sent_at + self.ttl - clock.margin(self.ttl)
+            ttl = self.ttl
+            deadline = None if ends is None else ends.get(ttl)
+            if deadline is None:
+                deadline = sent_at + ttl - clock.margin(ttl)
+                if ends is not None:
+                    ends[ttl] = deadline
             earlier = deadline < self._deadline
             self._deadline = deadline
         if earlier:

@@ -409,3 +409,21 @@ def test_a_refresher_thread_that_dies_is_replaced_and_says_so(
     finally:
         own.stop()
         lock.release()
+
+
+def test_a_tick_extends_each_lease_by_its_own_length(
+    manager: LockManager, refresher: Refresher
+) -> None:
+    """Leases of several lengths in one tick: each deadline moves to its own lease's end
+    (the tick computes each length's deadline once), never to another length's."""
+    lengths = (300.0, 60.0, 300.0, 30.0)
+    locks = [manager.acquire(f"lengths-{n}", ttl=ttl) for n, ttl in enumerate(lengths)]
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    started = clock.now()
+    lane.tick()
+    ended = clock.now()
+    for lock, ttl in zip(locks, lengths, strict=True):
+        assert started + ttl - clock.margin(ttl) <= lock.deadline <= ended + ttl - clock.margin(ttl)
+    for lock in locks:
+        assert lock.release()

@@ -15,11 +15,11 @@ each method here sends one and reads its reply:
 
 from __future__ import annotations
 
-from django_mongolock.store.holder import HolderQueries
+from django_mongolock.store.holder import HolderQueries, Kept
 from django_mongolock.store.operator import OperatorQueries
 from django_mongolock.store.records import RecordQueries
 
-__all__ = ["LockStore"]
+__all__ = ["Kept", "LockStore"]
 
 
 class LockStore(HolderQueries, OperatorQueries, RecordQueries):
