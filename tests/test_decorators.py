@@ -288,14 +288,15 @@ def test_same_key_nested_is_busy_not_reentrant() -> None:
 
 def test_threads_each_see_their_own_lock() -> None:
     barrier = threading.Barrier(2, timeout=10)
-    results: dict[int, tuple[str, int]] = {}
+    results: dict[int, tuple[str, str, int, int | None]] = {}
 
     @locked("worker-{n}")
     def work(n: int) -> None:
         barrier.wait()  # both hold their lock at the same time
         lock = current_lock()
         assert lock is not None
-        results[n] = (lock.key, lock.token)
+        info = _document(lock.key)
+        results[n] = (lock.key, lock.owner, lock.token, info and info.token)
         barrier.wait()
 
     threads = [threading.Thread(target=work, args=(n,)) for n in (1, 2)]
@@ -305,7 +306,11 @@ def test_threads_each_see_their_own_lock() -> None:
         thread.join(10)
     assert results[1][0] == "worker-1"
     assert results[2][0] == "worker-2"
+    # Tokens grow per key only: two keys taken at one cluster time may share one. Each
+    # thread's lock is the stored holder of its own key, under its own owner id.
     assert results[1][1] != results[2][1]
+    for n in (1, 2):
+        assert results[n][2] == results[n][3], n
 
 
 def test_decorating_connects_to_nothing(settings: Settings) -> None:

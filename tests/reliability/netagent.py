@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_mongolock import Election, Lock, LockLost, LockManager, LockNotAcquired, MongoLockError
+from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired, lock_lost
 from tests.reliability.agents import Output, _error, answer, serve
 
@@ -103,6 +104,7 @@ class Rpc:
         self.notices = Notices(out)
         self.locks: dict[str, Lock] = {}
         self.elections: dict[str, Election] = {}
+        self.ballast: list[Lock] = []
 
     def close(self) -> None:
         for election in self.elections.values():
@@ -140,6 +142,39 @@ class Rpc:
             return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
         self.locks[name] = lock
         return {"ok": True, "sent": sent, "done": now(), "owner": lock.owner, **_view(lock)}
+
+    def take_ballast(self, prefix: str, kind: str, count: int, ttl: float) -> dict[str, Any]:
+        """Hold ``count`` more locks of ``kind`` ("plain" or "shared"), unwatched: enough
+        of them make the refresher keep its write encoded and send it again as it is."""
+        for number in range(count):
+            key = f"{prefix}-{number}"
+            lock = self.manager.acquire(key, ttl=ttl, blocking=False, shared=kind == "shared")
+            self.ballast.append(lock)
+        return {"ok": True, "keys": [lock.key for lock in self.ballast]}
+
+    def kept(self) -> dict[str, Any]:
+        """Whether the refresher's next write of each kind is the one it keeps encoded
+        (the kept entry lists exactly the lane's leases of now)."""
+        lane = get_refresher().lane_of(self.manager)
+        batch = None if lane is None else lane._batch
+        if batch is None:
+            return {"exclusive": False, "shared": False, "leases": 0}
+        listed = [entry[0] for entry in batch.kept.values()]
+        return {
+            "exclusive": any(held is batch.exclusive for held in listed),
+            "shared": any(held is batch.shared for held in listed),
+            "leases": batch.size,
+        }
+
+    def drop_ballast(self) -> dict[str, Any]:
+        """Release the ballast: for each lock, whether it had learnt of its loss, and
+        whether the release still found it held."""
+        dropped = [
+            {"key": lock.key, "lost": lock.lost.is_set(), "released": lock.release()}
+            for lock in self.ballast
+        ]
+        self.ballast.clear()
+        return {"ok": True, "locks": dropped}
 
     def elect(self, name: str, key: str, ttl: float) -> dict[str, Any]:
         """Campaign for ``key``; ``elected`` and ``demoted`` are reported as they happen."""
