@@ -555,13 +555,13 @@ def test_a_release_that_hands_the_lock_on_ends_within_one_timeout(
         thread.start()
         in_line(waiting, "handed", 1)
         # Each write held back for most of the timeout: together, well past it.
-        hang("slow-release", ms=1700, times=2)
+        hang("slow-release", ms=1900, times=2)
         started = clock.now()
         release = lock.release if kind == "sync" else lambda: asyncio.run(lock.arelease())
         with pytest.raises(ServerUnavailable):
             release()
         took = clock.now() - started
-        assert 2.0 <= took <= 2.0 + 1.0  # not 3.4 s, both writes in full
+        assert 2.0 <= took <= 3.6  # not 3.8 s, both writes in full
         # The second write was cut short, before or after the server applied it: the
         # waiter gets the lock, handed on or when the lease the release left ends.
         thread.join(timeout=30)
@@ -587,13 +587,13 @@ def test_a_client_given_keeps_its_own_time_limit(
     with _given(fail_points, f"given-{operation}", timeoutMS=1500) as manager:
         lock = manager.acquire("other", ttl=30, refresh=False)  # the client's first round trips
         # Held back far past the client's limit, well within the server selection timeout.
-        hang(f"given-{operation}", ms=3500, times=1)
+        hang(f"given-{operation}", ms=6000, times=1)
         call = lock.release if operation == "release" else lambda: manager.acquire("limited")
         started = clock.now()
         with pytest.raises(ServerUnavailable, match=r"within 1\.5s"):
             call()
         took = clock.now() - started
-        assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the write would have gone through
+        assert 1.5 <= took <= 1.5 + 3.0  # not 6 s: the write would have gone through
 
 
 @pytest.mark.parametrize(
@@ -632,12 +632,12 @@ def test_every_holder_call_of_a_given_client_is_bounded(
             "shared release": lock.release,
             "leave the line": lambda: manager.store.leave_queue("held", "a-waiter"),
         }
-        hang(app, ms=3500, times=1)
+        hang(app, ms=6000, times=1)
         started = clock.now()
         with pytest.raises(ServerUnavailable, match=r"within 1\.5s"):
             calls[operation]()
         took = clock.now() - started
-        assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the client alone would have waited
+        assert 1.5 <= took <= 1.5 + 3.0  # not 6 s: the client alone would have waited
 
 
 def test_the_give_back_after_a_refused_acquire_is_bounded(
@@ -651,9 +651,9 @@ def test_the_give_back_after_a_refused_acquire_is_bounded(
     with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
         manager.acquire("other", ttl=30, refresh=False)  # the collection, for its validator
         with refusing(fail_points.url, manager, "refused"):
-            hang(app, ms=3500, times=1, commands=("update",))
+            hang(app, ms=6000, times=1, commands=("update",))
             started = clock.now()
             with pytest.raises(MongoLockError, match="Document failed validation"):
                 manager.acquire("refused", blocking=False, refresh=False)
             took = clock.now() - started
-        assert 1.5 <= took <= 1.5 + 1.5  # not 3.5 s: the give-back would have waited
+        assert 1.5 <= took <= 1.5 + 3.0  # not 6 s: the give-back would have waited

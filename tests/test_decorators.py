@@ -210,7 +210,7 @@ def test_manager_argument_takes_the_default_locks(other: LockManager, settings: 
         assert info.token == lock.token
         return lock.key, lock.token
 
-    key, token = work(1)
+    key, _ = work(1)
     assert key == "job-1"
     assert conf.get_manager().status("job-1") is None  # released after the call
     held = other.acquire("job-2", ttl=30)
@@ -219,7 +219,7 @@ def test_manager_argument_takes_the_default_locks(other: LockManager, settings: 
             work(2)
     finally:
         held.release()
-    assert work(2) != (key, token)
+    assert work(2)[1] > held.token  # a new lock of job-2, after the one held above
     settings.MONGOLOCK = {"URL": "mongodb://127.0.0.1:9/", "SERVER_SELECTION_TIMEOUT": 0.3}
     with pytest.raises(ServerUnavailable, match=r"127\.0\.0\.1:9"):
         work(3)  # the settings of now, not of when it was decorated
@@ -544,7 +544,8 @@ def test_async_waiting_does_not_block_the_event_loop(hold: Any) -> None:
     asyncio.run(main())
     # The loop kept running while the call waited a second for the lock.
     assert len(ticks) >= 10
-    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.5
+    # A loop blocked by the call would show one gap of the whole second.
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.9
 
 
 def test_async_function_busy_and_on_busy_modes(hold: Any) -> None:
