@@ -23,7 +23,7 @@ def test_a_holder_paused_past_its_lease_learns_it_lost_the_lock_at_its_next_refr
     The holder checks ``valid`` and is then frozen before its write, the window that no
     check can close: only the resource's fencing token check stops that write.
     """
-    ttl = 2.0
+    ttl = 3.0  # the short pause (0.45 of it) leaves 1.4 s for the refresh after it
     resource.create(["report"])
     config = agent_config(replica_set, database)
     holder = spawn("rpc", config, name="holder")
