@@ -62,9 +62,9 @@ def test_a_skewed_client_neither_steals_a_live_lock_nor_loses_its_own_early(
         assert live.release()
 
         # Its refresher keeps its lease for many lease lengths.
-        kept = skewed.call("acquire", name="kept", key="kept", ttl=1.5)
+        kept = skewed.call("acquire", name="kept", key="kept", ttl=3.0)
         assert kept["ok"], kept
-        held = skewed.call("hold", name="kept", seconds=4.5, wait=40)
+        held = skewed.call("hold", name="kept", seconds=9.0, wait=40)
         assert held["always_valid"], held
         with pytest.raises(LockNotAcquired):
             true_clock.acquire("kept", blocking=False)
