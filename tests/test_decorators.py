@@ -288,7 +288,7 @@ def test_same_key_nested_is_busy_not_reentrant() -> None:
 
 def test_threads_each_see_their_own_lock() -> None:
     barrier = threading.Barrier(2, timeout=10)
-    results: dict[int, tuple[str, str, int, int | None]] = {}
+    seen: dict[int, tuple[str, tuple[str, int], tuple[str, int] | None]] = {}
 
     @locked("worker-{n}")
     def work(n: int) -> None:
@@ -296,7 +296,8 @@ def test_threads_each_see_their_own_lock() -> None:
         lock = current_lock()
         assert lock is not None
         info = _document(lock.key)
-        results[n] = (lock.key, lock.owner, lock.token, info and info.token)
+        stored = None if info is None else (info.owner, info.token)
+        seen[n] = (lock.key, (lock.owner, lock.token), stored)
         barrier.wait()
 
     threads = [threading.Thread(target=work, args=(n,)) for n in (1, 2)]
@@ -304,13 +305,12 @@ def test_threads_each_see_their_own_lock() -> None:
         thread.start()
     for thread in threads:
         thread.join(10)
-    assert results[1][0] == "worker-1"
-    assert results[2][0] == "worker-2"
-    # Tokens grow per key only: two keys taken at one cluster time may share one. Each
-    # thread's lock is the stored holder of its own key, under its own owner id.
-    assert results[1][1] != results[2][1]
+    assert [seen[n][0] for n in (1, 2)] == ["worker-1", "worker-2"]
+    # Each thread's lock is the stored holder of its own key, under its own owner id.
+    # (Tokens grow per key only: two keys taken at one cluster time may share one.)
+    assert seen[1][1][0] != seen[2][1][0]
     for n in (1, 2):
-        assert results[n][2] == results[n][3], n
+        assert seen[n][1] == seen[n][2], n
 
 
 def test_decorating_connects_to_nothing(settings: Settings) -> None:

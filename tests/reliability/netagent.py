@@ -144,26 +144,29 @@ class Rpc:
         return {"ok": True, "sent": sent, "done": now(), "owner": lock.owner, **_view(lock)}
 
     def take_ballast(self, prefix: str, kind: str, count: int, ttl: float) -> dict[str, Any]:
-        """Hold ``count`` more locks of ``kind`` ("plain" or "shared"), unwatched: enough
-        of them make the refresher keep its write encoded and send it again as it is."""
+        """Hold ``count`` more locks of ``kind`` ("plain" or "shared"), each watched under
+        its key: enough of them make the refresher keep its write encoded and send it
+        again as it is."""
         for number in range(count):
             key = f"{prefix}-{number}"
+            self.notices.watch(key, key)
             lock = self.manager.acquire(key, ttl=ttl, blocking=False, shared=kind == "shared")
             self.ballast.append(lock)
-        return {"ok": True, "keys": [lock.key for lock in self.ballast]}
+        return {"ok": True, "tokens": {lock.key: lock.token for lock in self.ballast}}
 
     def kept(self) -> dict[str, Any]:
         """Whether the refresher's next write of each kind is the one it keeps encoded
         (the kept entry lists exactly the lane's leases of now)."""
         lane = get_refresher().lane_of(self.manager)
         batch = None if lane is None else lane._batch
-        if batch is None:
-            return {"exclusive": False, "shared": False, "leases": 0}
-        listed = [entry[0] for entry in batch.kept.values()]
+        if lane is None or batch is None:
+            return {"exclusive": False, "shared": False, "leases": 0, "current": False}
+        listed = [entry[0] for entry in tuple(batch.kept.values())]
         return {
             "exclusive": any(held is batch.exclusive for held in listed),
             "shared": any(held is batch.shared for held in listed),
             "leases": batch.size,
+            "current": batch.version == lane._version,
         }
 
     def drop_ballast(self) -> dict[str, Any]:
