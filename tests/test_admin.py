@@ -100,7 +100,7 @@ def sample(locks: LockManager) -> dict[str, LockInfo]:
     """Two live locks (one expiring within 10 s) and two expired ones, of three processes."""
     return {
         "reports/daily": put(locks, "reports/daily", owner="web-1:4242:aa11", expires_in=25),
-        "reports/weekly": put(locks, "reports/weekly", owner="web-2:77:bb22", expires_in=5),
+        "reports/weekly": put(locks, "reports/weekly", owner="web-2:77:bb22", expires_in=8),
         "cron/cleanup": put(locks, "cron/cleanup", owner="worker-3:9:cc33", expires_in=-90),
         "invoices/42": put(locks, "invoices/42", owner="web-1:4242:dd44", expires_in=-5),
     }
