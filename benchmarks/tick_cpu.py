@@ -78,7 +78,7 @@ class _Answering:
         # Counted from the lane's list, not read back from the filter, which would be
         # this harness's own work (a kept filter is encoded, and reading it decodes it).
         lane = get_refresher().lane_of(self._manager)
-        batch = None if lane is None else lane._batch
+        batch = None if lane is None else lane.batch
         if batch is None:
             raise RuntimeError("a refresh write came from outside the manager's lane")
         shared = "owner" not in query  # the shared leases' filter names "holders.owner"

@@ -139,6 +139,18 @@ class Lane:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def batch(self) -> _Batch | None:
+        """What the last tick sent for the leases, kept while none came or went: for
+        inspection (read-only)."""
+        return self._batch
+
+    @property
+    def current(self) -> bool:
+        """Whether the kept ``batch`` lists the lane's leases of now."""
+        batch = self._batch
+        return batch is not None and batch.version == self._version
+
     def add(self, lock: Lease) -> bool:
         """Keep ``lock``; False if this lane has retired (the refresher has a new one)."""
         with self._cond:

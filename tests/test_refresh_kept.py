@@ -114,18 +114,18 @@ def test_the_refresher_encodes_its_write_again_only_when_its_leases_change(
     lane = get_refresher().lane_of(manager)
     assert lane is not None
     lane.tick()
-    batch = lane._batch
+    batch = lane.batch
     assert batch is not None
     [(_, query, _)] = batch.kept.values()
     lane.tick()
-    assert lane._batch is batch
+    assert lane.batch is batch
     assert [write[0] is query for write in sent.writes] == [True, True]
     # A lease taken since the last tick: extended by the next, in a write built anew.
     late = manager.acquire("kept-lane-late", ttl=300)
     before = _refreshed(manager, [*locks, late])
     time.sleep(0.01)
     lane.tick()
-    assert lane._batch is not batch
+    assert lane.batch is not batch
     assert sent.writes[-1][0] is not query
     assert _moved(before, _refreshed(manager, [*locks, late])) == {
         lock.key for lock in (*locks, late)

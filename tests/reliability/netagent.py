@@ -158,7 +158,7 @@ class Rpc:
         """Whether the refresher's next write of each kind is the one it keeps encoded
         (the kept entry lists exactly the lane's leases of now)."""
         lane = get_refresher().lane_of(self.manager)
-        batch = None if lane is None else lane._batch
+        batch = None if lane is None else lane.batch
         if lane is None or batch is None:
             return {"exclusive": False, "shared": False, "leases": 0, "current": False}
         listed = [entry[0] for entry in tuple(batch.kept.values())]
@@ -166,7 +166,7 @@ class Rpc:
             "exclusive": any(held is batch.exclusive for held in listed),
             "shared": any(held is batch.shared for held in listed),
             "leases": batch.size,
-            "current": batch.version == lane._version,
+            "current": lane.current and lane.batch is batch,
         }
 
     def drop_ballast(self) -> dict[str, Any]:

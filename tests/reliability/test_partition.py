@@ -23,7 +23,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -121,6 +121,29 @@ def heal(proxy: TcpProxy, holder: NetAgent) -> None:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def observed(lone: MongoReplicaSet, database: str, proxy: TcpProxy) -> Iterator[LockManager]:
+    """A manager that reads the server directly (the referee of every round), and the
+    proxy letting traffic pass again however the rounds end."""
+    with LockManager(lone.url, database=database, server_selection_timeout=30) as observer:
+        try:
+            yield observer
+        finally:
+            proxy.set_mode("pass")
+
+
+def until_kept(kind: str, holder: NetAgent) -> None:
+    """Wait (bounded) until the holder's refresher keeps its write of ``kind`` encoded
+    for all its leases of now: the write a partition then cuts off is the kept one."""
+    wanted = "shared" if kind == "shared" else "exclusive"
+    deadline = time.monotonic() + 4 * TTL
+    while not (
+        (kept := holder.call("kept"))[wanted] and kept["current"] and kept["leases"] == BALLAST + 1
+    ):
+        assert time.monotonic() < deadline, f"no kept write for every lease: {kept}"
+        time.sleep(0.05)
+
+
 def notices_of(
     holder: NetAgent, name: str, wanted: tuple[str, ...], **match: Any
 ) -> dict[str, dict[str, Any]]:
@@ -190,10 +213,11 @@ def lock_round(
     holder: NetAgent,
     contender: NetAgent,
     observer: LockManager,
-    pause: Callable[[random.Random, NetAgent], None] | None = None,
+    many: bool = False,
 ) -> dict[str, Any]:
-    """Hold, partition at a random moment (``pause``, a random wait by default), let the
-    contender take the key, heal, check."""
+    """Hold, partition at a random moment (with ``many`` leases held, within a tick of
+    the refresher's keeping its write encoded), let the contender take the key, heal,
+    check."""
     key = name = f"{kind}-{number}-{uuid.uuid4().hex[:6]}"
     got = holder.call("acquire", name=name, key=key, kind=kind, ttl=TTL)
     assert got["ok"], got
@@ -201,10 +225,11 @@ def lock_round(
     waiting = contender.send(
         "acquire", name=name, key=key, kind=other_kind, ttl=TTL, timeout=TTL + 3 * SST + 30
     )
-    if pause is None:
-        time.sleep(rng.uniform(0.05, TTL))
+    if many:
+        until_kept(kind, holder)
+        time.sleep(rng.uniform(0.0, TTL / 3))
     else:
-        pause(rng, holder)
+        time.sleep(rng.uniform(0.05, TTL))
     proxy.set_mode("drop")
     dropped = time.monotonic()
     won = contender.reply(waiting, TTL + 3 * SST + 40)
@@ -274,38 +299,13 @@ def test_a_partitioned_holder_learns_of_its_loss_before_anybody_else_holds_its_l
     holder, contender, database = pair
     rng = random.Random(f"{SEED}-{kind}")
     results = RESULTS.setdefault(kind, [])
-    with LockManager(lone.url, database=database, server_selection_timeout=30) as observer:
-        try:
-            for number in range(ROUNDS):
-                if kind == "election":
-                    results.append(election_round(number, rng, proxy, holder, contender, observer))
-                else:
-                    results.append(
-                        lock_round(kind, number, rng, proxy, holder, contender, observer)
-                    )
-        finally:
-            proxy.set_mode("pass")
+    with observed(lone, database, proxy) as observer:
+        for number in range(ROUNDS):
+            if kind == "election":
+                results.append(election_round(number, rng, proxy, holder, contender, observer))
+            else:
+                results.append(lock_round(kind, number, rng, proxy, holder, contender, observer))
     conclude(results, record)
-
-
-def after_kept(kind: str) -> Callable[[random.Random, NetAgent], None]:
-    """A pause until the holder's refresher keeps its write of ``kind`` encoded for the
-    leases of now (bounded), then a random part of a tick: the write the partition cuts
-    off is the kept one."""
-    wanted = "shared" if kind == "shared" else "exclusive"
-
-    def pause(rng: random.Random, holder: NetAgent) -> None:
-        deadline = time.monotonic() + 4 * TTL
-        while not (
-            (kept := holder.call("kept"))[wanted]
-            and kept["current"]
-            and kept["leases"] == BALLAST + 1
-        ):
-            assert time.monotonic() < deadline, f"no kept write for every lease: {kept}"
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, TTL / 3))
-
-    return pause
 
 
 @pytest.mark.timeout(300)
@@ -325,40 +325,32 @@ def test_a_partitioned_holder_of_many_leases_learns_of_each_loss_in_time(
     holder, contender, database = pair
     rng = random.Random(f"{SEED}-{kind}-many")
     results = RESULTS.setdefault(f"{kind}, {BALLAST} more", [])
-    with LockManager(lone.url, database=database, server_selection_timeout=30) as observer:
-        try:
-            for number in range(BALLAST_ROUNDS):
-                prefix = f"ballast-{kind}-{number}-{uuid.uuid4().hex[:6]}"
-                taken = holder.call(
-                    "take_ballast", prefix=prefix, kind=kind, count=BALLAST, ttl=TTL
-                )
-                assert taken["ok"], taken
-                pause = after_kept(kind)
-                result = lock_round(
-                    kind, number, rng, proxy, holder, contender, observer, pause=pause
-                )
-                results.append(result)
-                late: dict[str, dict[str, Any]] = {}
-                for key, token in taken["tokens"].items():
-                    notices = notices_of(holder, key, ("event", "signal"), token=token)
-                    if len(notices) < 2 or any(
-                        n["at"] >= result["successor_at"] for n in notices.values()
-                    ):
-                        late[key] = notices
-                assert not late, late
-                # Healed: no write after the cut kept any of them alive on the server.
-                held = [
-                    key
-                    for key in taken["tokens"]
-                    if (status := observer.status(key)) is not None and holders(status)
-                ]
-                assert held == [], held
-                dropped = holder.call("drop_ballast")
-                assert [(d["lost"], d["released"]) for d in dropped["locks"]] == [
-                    (True, False)
-                ] * BALLAST, dropped
-        finally:
-            proxy.set_mode("pass")
+    with observed(lone, database, proxy) as observer:
+        for number in range(BALLAST_ROUNDS):
+            prefix = f"ballast-{kind}-{number}-{uuid.uuid4().hex[:6]}"
+            taken = holder.call("take_ballast", prefix=prefix, kind=kind, count=BALLAST, ttl=TTL)
+            assert taken["ok"], taken
+            result = lock_round(kind, number, rng, proxy, holder, contender, observer, many=True)
+            results.append(result)
+            late: dict[str, dict[str, Any]] = {}
+            for key, token in taken["tokens"].items():
+                notices = notices_of(holder, key, ("event", "signal"), token=token)
+                if len(notices) < 2 or any(
+                    n["at"] >= result["successor_at"] for n in notices.values()
+                ):
+                    late[key] = notices
+            assert not late, late
+            # Healed: no write after the cut kept any of them alive on the server.
+            held = [
+                key
+                for key in taken["tokens"]
+                if (status := observer.status(key)) is not None and holders(status)
+            ]
+            assert held == [], held
+            dropped = holder.call("drop_ballast")
+            assert [(d["lost"], d["released"]) for d in dropped["locks"]] == [
+                (True, False)
+            ] * BALLAST, dropped
     conclude(results, record)
 
 
