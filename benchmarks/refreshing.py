@@ -196,7 +196,8 @@ def _mixed(
     run: str,
 ) -> dict[str, Any]:
     """Add shared locks and a semaphore's permits; time the process's tick over all of
-    them against raw update_many over the same documents; profile one tick."""
+    them against raw update_many over the same documents; profile one tick. The shared
+    leases and permits join ``locks``, held until the release at exit."""
     from django_mongolock.refresher import get_refresher
 
     shared_keys = [f"refresh-{run}-shared-{n:04d}" for n in range(SHARED_KEYS)]
@@ -230,10 +231,12 @@ def _mixed(
         )
     ]
     database["system.profile"].drop()
-    for lock in shared + permits:
-        lock.release()
+    # Kept held (a dropped handle would lapse instead): the release at exit
+    # (``release_all``) frees them with the exclusive ones.
+    exclusive = len(locks)
+    locks.extend(shared + permits)
     return {
-        "exclusive": len(locks),
+        "exclusive": exclusive,
         "shared": len(shared),
         "permits": len(permits),
         "documents": len(keys),

@@ -228,7 +228,8 @@ def refresh(data: dict[str, Any]) -> list[str]:
         ]
     lines += [
         f"Taking {data['largest']:,} locks (16 threads): {data['fill_seconds']:.1f} s; "
-        f"releasing them all at exit (`release_all`, one write): "
+        f"releasing them all at exit with the shared leases and permits above "
+        f"(`release_all`: one write for the exclusive locks, one for the shared leases): "
         f"{ms(data['release_all_seconds'], 1)}.",
         "",
     ]

@@ -434,14 +434,14 @@ class Lane:
             return
         self._silent = False
 
-    def _give_back(self, store: LockStore, lapsed: list[Lease]) -> None:
+    def _give_back(self, store: LockStore, lapsed: Sequence[Lease]) -> None:
         """Release leases the server extended after their holders were told they lost them."""
         try:
             with pymongo.timeout(max(MIN_WRITE_TIME, min(lk.ttl for lk in lapsed))):
                 store.release_many([(lk.key, lk.owner, lk.token) for lk in lapsed if not lk.shared])
-                for lk in lapsed:
-                    if lk.shared:
-                        store.release(lk.key, lk.owner, lk.token, shared=True)
+                store.release_shared_many(
+                    [(lk.key, lk.owner, lk.token) for lk in lapsed if lk.shared]
+                )
         except (MongoLockError, pymongo.errors.PyMongoError) as exc:
             logger.warning("could not give back %d lapsed lease(s): %s", len(lapsed), exc)
 

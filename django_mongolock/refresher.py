@@ -37,6 +37,8 @@ logger = logging.getLogger("django_mongolock.refresher")
 
 # How long interpreter exit may spend stopping the threads and releasing held locks.
 EXIT_TIMEOUT = 2.0
+# A release at exit still gets this long when the writes before it used up the rest.
+LAST_WRITE_TIME = 0.2
 
 
 class Refresher:
@@ -118,7 +120,10 @@ class Refresher:
             lane.tick()
 
     def release_all(self, timeout: float = EXIT_TIMEOUT) -> int:
-        """Release every lock still held, one write per collection, within ``timeout``."""
+        """Release every lock still held within ``timeout``: per collection, one write
+        for the exclusive locks and one for the shared leases. Returns how many lock
+        documents those writes changed (all the permits a process held of one semaphore
+        count once)."""
         groups: dict[LockStore, list[Lease]] = defaultdict(list)
         for lock in self.held():
             try:
@@ -128,17 +133,19 @@ class Refresher:
             if lock.take_release():
                 groups[store].append(lock)
         released = 0
+        deadline = clock.now() + timeout
         for store, group in groups.items():
-            try:
-                with pymongo.timeout(timeout):
-                    released += store.release_many(
-                        [(lk.key, lk.owner, lk.token) for lk in group if not lk.shared]
-                    )
-                    for lk in group:
-                        if lk.shared:
-                            released += store.release(lk.key, lk.owner, lk.token, shared=True)
-            except (MongoLockError, pymongo.errors.PyMongoError) as exc:
-                logger.warning("could not release %d lock(s) at exit: %s", len(group), exc)
+            # Each kind in its own write and try: one that fails leaves the other to go.
+            for shared, release in ((False, store.release_many), (True, store.release_shared_many)):
+                held = [(lk.key, lk.owner, lk.token) for lk in group if lk.shared is shared]
+                if not held:
+                    continue
+                try:
+                    with pymongo.timeout(max(LAST_WRITE_TIME, deadline - clock.now())):
+                        released += release(held)
+                except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+                    kind = "shared lease(s)" if shared else "lock(s)"
+                    logger.warning("could not release %d %s at exit: %s", len(held), kind, exc)
         return released
 
     # -- lanes -------------------------------------------------------------------------------

@@ -180,6 +180,8 @@ def _every_write_on_a_line() -> Iterator[tuple[str, dict[str, Any]]]:
     query, pipeline = queries.release_many([("k", "me", 7)])
     yield "release many", {"q": query, "u": pipeline}
     yield "release shared", {"u": queries.release_shared("k", "me", 7).pipeline}
+    query, pipeline = queries.release_shared_many([("k", "me", 7)])
+    yield "release shared many", {"q": query, "u": pipeline}
 
 
 @pytest.mark.parametrize(("name", "command"), list(_every_write_on_a_line()))

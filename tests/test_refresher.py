@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockManager, MongoLockError, clock
-from django_mongolock.info import process_of
+from django_mongolock.info import Holder, LockInfo, process_of
+from django_mongolock.queries import ENDED_KEEP
 from django_mongolock.refresher import Refresher, get_refresher
+from tests.holder import PERMITS, SHARED
 from tests.utils import ROOT
 
 
@@ -299,6 +301,110 @@ def test_normal_exit_releases_held_locks(manager: LockManager, mongolock_url: st
     process = _holder(mongolock_url, manager.database, "leaver", 30, "exit")
     assert process.wait(timeout=30) == 0
     assert manager.status("leaver") is None
+
+
+def test_normal_exit_releases_shared_leases_and_permits_in_one_write(
+    manager: LockManager, mongolock_url: str
+) -> None:
+    """200 shared leases and 20 permits of a semaphore, beside an exclusive lock: two
+    writes at exit (a write per lease would not fit the exit's 2 s on a loaded machine).
+    Another process's lease on the same documents stays as it was."""
+    key, ttl = "leaver-many", 60.0
+    # Not refreshed, so that their entries must stay exactly as they are.
+    mine = manager.acquire(f"{key}-shared-0", shared=True, ttl=ttl, refresh=False)
+    permit = manager.semaphore(f"{key}-sem", limit=50).acquire(ttl=ttl, refresh=False)
+    before = {
+        lease.key: entry_of(manager.status(lease.key), lease.owner) for lease in (mine, permit)
+    }
+    args = [mongolock_url, manager.database, key, str(ttl), "exit-many"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.holder", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("held "), out
+    assert lines[-1] == 'exit-writes ["update", "update"]', out
+    assert manager.status(key) is None
+    shared = manager.status(f"{key}-shared-0")
+    assert shared is not None
+    assert [h.owner for h in shared.holders] == [mine.owner], shared
+    assert [n for n in range(1, SHARED) if manager.status(f"{key}-shared-{n}") is not None] == []
+    sem = manager.status(f"{key}-sem")
+    assert sem is not None
+    assert [h.owner for h in sem.holders] == [permit.owner], sem
+    # Each document stays (purged later), over at once where nobody is left (free for an
+    # exclusive lock), its lease end the remaining holder's elsewhere; the holders that
+    # left are recorded as ended (the latest 16), the one that stays is not.
+    collection = manager.store.collection
+    docs = {doc["_id"]: doc for doc in collection.find({"_id": {"$regex": f"^{key}-(shared|sem)"}})}
+    assert len(docs) == SHARED + 1
+    now = collection.database.command("hello", codec_options=collection.codec_options)["localTime"]
+    for name, doc in docs.items():
+        if name in (mine.key, permit.key):
+            [entry] = doc["holders"]
+            assert doc["expires_at"] == entry["expires_at"] > now, doc
+            assert entry["owner"] not in doc["ended"], doc
+            assert len(doc["ended"]) == (1 if name == mine.key else min(PERMITS, ENDED_KEEP))
+        else:
+            assert (doc["holders"], len(doc["ended"])) == ([], 1), doc
+            assert doc["expires_at"] <= now, doc
+    manager.acquire(f"{key}-shared-1", blocking=False).release()
+    # The other process's leases are untouched, and still live.
+    for lease in (mine, permit):
+        assert entry_of(manager.status(lease.key), lease.owner) == before[lease.key]
+        assert lease.valid
+        assert lease.release()
+
+
+class _Calls:
+    """Wraps a store's collection: the name of each method called on it."""
+
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+        self.names: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.append(name)
+        return getattr(self.collection, name)
+
+
+def test_leases_extended_after_their_end_are_given_back_in_one_write_per_kind(
+    manager: LockManager,
+    other: LockManager,
+    refresher: Refresher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a tick does with the leases its write extended after the holders learnt of
+    their end (``Lane._give_back``): it releases them, exclusive and shared each in one
+    write, leaving another holder's lease of the same semaphore as it was."""
+    leases = [manager.acquire("back-x", ttl=30), manager.acquire("back-s", shared=True, ttl=30)]
+    leases += [manager.semaphore("back-sem", limit=5).acquire(ttl=30) for _ in range(3)]
+    stays = other.semaphore("back-sem", limit=5).acquire(ttl=30)
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    calls = _Calls(manager.store.collection)
+    with monkeypatch.context() as patch:
+        patch.setattr(manager.store, "collection", calls)
+        lane._give_back(manager.store, leases)
+    assert calls.names == ["update_many", "update_many"]
+    assert manager.status("back-x") is None
+    assert manager.status("back-s") is None
+    sem = manager.status("back-sem")
+    assert sem is not None
+    assert [h.owner for h in sem.holders] == [h.owner for h in sem.live_holders] == [stays.owner]
+    # Their handles find nothing left to release; the other's lease is released as usual.
+    assert [lease.release() for lease in leases] == [False] * len(leases)
+    assert stays.release()
+
+
+def entry_of(status: LockInfo | None, owner: str) -> Holder | None:
+    """``owner``'s shared lease in ``status``, if its document has it."""
+    assert status is not None
+    return next((holder for holder in status.holders if holder.owner == owner), None)
 
 
 def test_locks_of_a_closed_manager_are_lost_not_resurrected(

@@ -110,6 +110,8 @@ def test_every_holder_operation_names_its_key(
     # The bulk release at exit.
     held = manager.acquire("targeted-exit")
     assert manager.store.release_many([(held.key, held.owner, held.token)]) == 1
+    leaving = manager.acquire("targeted-exit-shared", shared=True)
+    assert manager.store.release_shared_many([(leaving.key, leaving.owner, leaving.token)]) == 1
     # The operator's keyed calls.
     assert manager.status("targeted-a") is not None
     assert manager.force_release("targeted-a") is not None

@@ -24,7 +24,15 @@ from django_mongolock.queries.common import (
     place_live,
 )
 
-__all__ = ["FREED", "RELEASED_AT", "ended_with", "free_stage", "release_stage", "shortened"]
+__all__ = [
+    "FREED",
+    "RELEASED_AT",
+    "ended_with",
+    "ended_with_each",
+    "free_stage",
+    "release_stage",
+    "shortened",
+]
 
 
 # A release that frees the key marks the document freed (every watcher wakes its waiters
@@ -99,7 +107,13 @@ FREED: Final = {"released_at": RELEASED_AT, "waiters": shortened(LIVE_WAITERS)}
 
 def ended_with(owner: Any) -> dict[str, Any]:
     """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
-    return {"$slice": [{"$concatArrays": [[owner], ENDED]}, ENDED_KEEP]}
+    return ended_with_each([owner])
+
+
+def ended_with_each(owners: Any) -> dict[str, Any]:
+    """The ``ended`` list with the array ``owners`` in front, the latest ``ENDED_KEEP``
+    kept: what as many releases, one after the other, would leave."""
+    return {"$slice": [{"$concatArrays": [owners, ENDED]}, ENDED_KEEP]}
 
 
 def _freed(places: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from django_mongolock.queries.common import (
 from django_mongolock.queries.handing import (
     FREED,
     ended_with,
+    ended_with_each,
     free_stage,
     release_stage,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "release",
     "release_many",
     "release_shared",
+    "release_shared_many",
     "release_writes",
     "released_live",
     "still_freed",
@@ -398,6 +400,45 @@ def release_many(held: Sequence[tuple[str, str, int]]) -> tuple[dict[str, Any], 
         "token": {"$in": [token for _, _, token in held]},
     }
     return query, list(RELEASE_PIPELINE)
+
+
+def release_shared_many(
+    held: Sequence[tuple[str, str, int]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``update_many`` arguments that drop the holders' shared leases (at exit): what
+    ``release_shared`` does for each, in one write.
+
+    The filter is the bulk refresh's (``shared_leases_filter``: send it with the hint on
+    ``_id``), so a document's lone holder is one of the listed owners, and only a
+    document with several (permits of one semaphore, readers of one key) tests its
+    holders against the list. An owner id is unique per acquisition, so owners name
+    the leases. The owners it drops go to the front of ``ended`` (the latest
+    ``ENDED_KEEP`` kept), as one release after another would leave them: a late
+    duplicate of one of their acquisitions must not take the key again.
+    """
+    listed = {"$literal": sorted({owner for _, owner, _ in held})}
+    alone = {"$eq": [{"$size": "$holders"}, 1]}
+    ours = {"$cond": [alone, "$holders.owner", {"$setIntersection": ["$holders.owner", listed]}]}
+    others = {
+        "$filter": {
+            "input": "$holders",
+            "as": "h",
+            "cond": {"$not": [{"$in": ["$$h.owner", listed]}]},
+        }
+    }
+    return (
+        shared_leases_filter(held),
+        [
+            {
+                "$set": {
+                    "holders": {"$cond": [alone, [], others]},
+                    **FREED,
+                    "ended": ended_with_each(ours),
+                }
+            },
+            {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+        ],
+    )
 
 
 def still_freed(key: str, owner: str) -> dict[str, Any]:
