@@ -204,8 +204,10 @@ def shutdown() -> None:
     refresher = _refresher
     if refresher is None or refresher.pid != os.getpid():
         return
-    refresher.stop()
-    refresher.release_all()
+    # One budget for both steps: a lane stuck on a hung server shortens the release.
+    deadline = clock.now() + EXIT_TIMEOUT
+    refresher.stop(EXIT_TIMEOUT)
+    refresher.release_all(max(LAST_WRITE_TIME, deadline - clock.now()))
 
 
 def install() -> None:

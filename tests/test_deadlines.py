@@ -21,7 +21,15 @@ import pymongo
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import Lock, LockLost, LockManager, MongoLockError, ServerUnavailable, clock
+from django_mongolock import (
+    Lock,
+    LockLost,
+    LockManager,
+    LockNotAcquired,
+    MongoLockError,
+    ServerUnavailable,
+    clock,
+)
 from django_mongolock.deadlines import Deadlines
 from django_mongolock.notices import EAGER, Notices
 from django_mongolock.refresher import get_refresher
@@ -657,3 +665,58 @@ def test_the_give_back_after_a_refused_acquire_is_bounded(
                 manager.acquire("refused", blocking=False, refresh=False)
             took = clock.now() - started
         assert 1.5 <= took <= 1.5 + 3.0  # not 6 s: the give-back would have waited
+
+
+def test_a_group_release_tries_every_lock_within_one_limit(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """A release that fails stops none of the others; once the releases have spent the
+    operation limit, each of the rest gets half a second rather than a limit of its own;
+    either way no lock of the group is refreshed after, and the first failure is
+    raised."""
+    app = "group-release"
+    with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
+        keys = ["g-a", "g-b", "g-c", "g-d"]
+        # The server holds the first release it gets (g-d's: the last taken goes first).
+        group = manager.acquire_group(keys, ttl=30)
+        hang(app, ms=6000, times=1, commands=("update",))
+        with pytest.raises(ServerUnavailable):
+            group.release()
+        assert [manager.status(key) for key in keys[:3]] == [None] * 3
+        assert not set(group.locks.values()) & set(get_refresher().held())
+        # The server holds every release: one limit, then half a second each (3 s in
+        # all), not one limit each (6 s).
+        keys = ["h-a", "h-b", "h-c", "h-d"]
+        group = manager.acquire_group(keys, ttl=30)
+        hang(app, ms=6000, commands=("update",))
+        started = clock.now()
+        with pytest.raises(ServerUnavailable):
+            group.release()
+        took = clock.now() - started
+        assert 1.5 <= took <= 1.5 + 3.0
+        assert all(lock.released for lock in group.locks.values())
+        assert not set(group.locks.values()) & set(get_refresher().held())
+
+
+def test_a_failed_groups_give_back_does_not_wait_a_limit_per_key(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """A group that finds its last key busy gives back the four it took; with the server
+    holding those releases, that takes one operation limit and half a second for each
+    of the rest (3 s), not one limit each (6 s), and the four are refreshed no more."""
+    app = "group-give-back"
+    with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
+        rival = _manager(fail_points, manager.database, "group-rival")
+        try:
+            busy = rival.acquire("k-e", ttl=30)
+            before = set(get_refresher().held())
+            hang(app, ms=6000, commands=("update",))
+            started = clock.now()
+            with pytest.raises(LockNotAcquired):
+                manager.acquire_group(["k-a", "k-b", "k-c", "k-d", "k-e"], blocking=False)
+            took = clock.now() - started
+            assert 1.5 <= took <= 1.5 + 3.0
+            assert set(get_refresher().held()) <= before  # none of the four
+            assert busy.release()
+        finally:
+            _close(rival)

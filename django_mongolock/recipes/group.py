@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
+
+import pymongo
 
 from django_mongolock import acquiring, clock
 from django_mongolock.exceptions import MongoLockError
@@ -16,6 +18,10 @@ from django_mongolock.validation import validate_keep, validate_key, validate_ti
 __all__ = ["LockGroup"]
 
 logger = logging.getLogger("django_mongolock.primitives")
+
+# Each release of a group still gets this long when those before it spent the group's
+# operation limit: enough for a write to a server that answers.
+LAST_RELEASE_TIME = 0.5
 
 
 class LockGroup:
@@ -45,9 +51,17 @@ class LockGroup:
         return self
 
     def release(self) -> bool:
-        """Release every lock; True if all of them were still held."""
-        results = [lock.release() for lock in reversed(list(self.locks.values()))]
-        return all(results)
+        """Release every lock, the last taken first; True if all of them were still held.
+
+        Each lock is released even when another's release fails (that lease lapses at
+        its end, no longer refreshed); the first failure is raised once every lock was
+        tried. All of them are bounded by one operation limit together, like the release
+        of one lock, rather than one limit each.
+        """
+        held, errors = _release_every(list(reversed(self.locks.values())))
+        if errors:
+            raise errors[0][1]
+        return held
 
     def __enter__(self) -> LockGroup:
         return self
@@ -89,10 +103,32 @@ class LockGroup:
                 request = tagged_request(manager, key, ttl, "group", group_id)
                 taken.append(acquiring.acquire(manager, request, left, keep, None))
         except BaseException:
-            for lock in reversed(taken):
-                try:
-                    lock.release()
-                except MongoLockError:
-                    logger.warning("could not release %r after a failed group", lock.key)
+            _, errors = _release_every(taken[::-1])
+            for key, error in errors:
+                logger.warning("could not release %r after a failed group: %s", key, error)
             raise
         return cls(group_id, taken)
+
+
+def _release_every(locks: Sequence[Lock]) -> tuple[bool, list[tuple[str, MongoLockError]]]:
+    """Release each of ``locks`` in turn within one operation limit in all: whether all
+    were still held, and the failures (key, error). Once the limit is spent, each of the
+    rest gets ``LAST_RELEASE_TIME`` rather than a limit of its own: a group of twenty
+    keys on a server that stopped answering gives up in about one limit, not twenty,
+    and one write the server holds leaves the others time to go."""
+    if not locks:
+        return True, []
+    try:
+        limit = locks[0].backend.store.timeout
+    except MongoLockError:
+        limit = 0.0  # its manager is closed: each release says so at once
+    deadline = clock.now() + limit
+    held, errors = True, []
+    for lock in locks:
+        try:
+            with pymongo.timeout(max(LAST_RELEASE_TIME, deadline - clock.now())):
+                held = lock.release() and held
+        except MongoLockError as exc:
+            held = False
+            errors.append((lock.key, exc))
+    return held, errors
