@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import pymongo
 import pytest
-from pymongo import MongoClient
+from pymongo import MongoClient, monitoring
 
 from django_mongolock import (
     Lock,
@@ -720,3 +720,60 @@ def test_a_failed_groups_give_back_does_not_wait_a_limit_per_key(
             assert busy.release()
         finally:
             _close(rival)
+
+
+class _Attempts(monitoring.CommandListener):
+    """The keys of the acquires (``findAndModify``) a client started."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "findAndModify":
+            self.keys.add(event.command["query"]["_id"])
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_many_campaigns_make_no_refresh_late(fail_points: MongoReplicaSet, hang: Any) -> None:
+    """Forty elections whose keys another process leads campaign on every tick, and the
+    server holds each campaign 0.1 s: 4 s of campaigns a tick, past the end of a 3 s
+    lease that the same lane keeps. A tick starts no campaign after half its interval
+    and the rest go first on the next: the lease stays held, and every election has
+    campaigned within the test's 9 s."""
+    app, database = "many-campaigns", "many_campaigns"
+    attempts = _Attempts()
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url,
+        appname=app,
+        w="majority",
+        tz_aware=True,
+        timeoutMS=10_000,
+        event_listeners=[attempts],
+    )
+    manager = LockManager(client=client, database=database)
+    rival = _manager(fail_points, database, "campaign-rival")
+    keys = [f"lead-{n:02d}" for n in range(40)]
+    elections = []
+    try:
+        for key in keys:
+            rival.acquire(key, ttl=30)
+        lock = manager.acquire("kept", ttl=3.0)
+        hang(app, ms=100, commands=("findAndModify",))
+        elections = [manager.elect(key, ttl=30) for key in keys]
+        until = clock.now() + 9.0
+        while clock.now() < until:
+            assert lock.valid, "a lease of the lane ended while its elections campaigned"
+            time.sleep(0.1)
+        assert not lock.lost.is_set()
+        assert attempts.keys >= set(keys)
+        assert not any(election.is_leader for election in elections)
+    finally:
+        for election in elections:
+            election.stop()
+        rival.client.drop_database(database)
+        _close(manager, rival)
