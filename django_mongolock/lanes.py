@@ -130,6 +130,7 @@ class Lane:
         self._version = 0
         self._batch: _Batch | None = None
         self._turn = 0  # where the next tick's campaigns start, in the elections' order
+        self._fresh: list[Campaign] = []  # added since the last tick: they campaign first
 
     def __len__(self) -> int:
         with self._cond:
@@ -180,6 +181,7 @@ class Lane:
             if self._retired:
                 return False
             self._elections.add(election)
+            self._fresh.append(election)
             self._schedule(clock.now())
             return True
 
@@ -303,6 +305,7 @@ class Lane:
                 self._version += 1
             version = self._version
             elections = list(self._elections)
+            fresh, self._fresh = self._fresh, []
         if not locks:
             self._batch = None  # nothing to keep listed while elections alone tick
             if not elections:
@@ -332,22 +335,35 @@ class Lane:
             refusal=refreshed and self._refused,
             partial=refreshed and self._partly,
         )
-        self._campaign(elections, started + interval(shortest) * CAMPAIGN_SHARE)
+        self._campaign(elections, fresh, started + interval(shortest) * CAMPAIGN_SHARE)
 
-    def _campaign(self, elections: list[Campaign], until: float) -> None:
-        """Campaign for each election that does not lead, starting none after ``until``
-        (but the first): the rest go first on the next tick. Each such campaign is an
-        acquire, a write: a thousand of them at 2 ms each made the next refresh two
-        seconds late, past the end of a 3 s lease."""
+    def _campaign(self, elections: list[Campaign], fresh: list[Campaign], until: float) -> None:
+        """Campaign for each election that does not lead, those added since the last tick
+        (``fresh``) first, starting none after ``until`` (but the first) or once the lane
+        stops: the rest go first on the next tick. Each such campaign is an acquire, a
+        write: a thousand of them at 2 ms each made the next refresh two seconds late,
+        past the end of a 3 s lease."""
         if not elections:
             return
         ordered = sorted(elections, key=lambda election: (election.key, id(election)))
         start = self._turn % len(ordered)
-        for n in range(len(ordered)):
-            if n and clock.now() >= until:
-                self._turn = start + n
+        waiting = {id(election) for election in elections}
+        first = [election for election in fresh if id(election) in waiting]
+        fresh_ids = {id(election) for election in first}
+        # (its place in the rotation, or None for a fresh one; the election)
+        turns: list[tuple[int | None, Campaign]] = [(None, election) for election in first]
+        for step in range(len(ordered)):
+            candidate = ordered[(start + step) % len(ordered)]
+            if id(candidate) not in fresh_ids:
+                turns.append((step, candidate))
+        for count, (place, election) in enumerate(turns):
+            if count and (self._stopping or clock.now() >= until):
+                if place is None:  # fresh ones not reached yet keep their place in front
+                    with self._cond:
+                        self._fresh[:0] = first[count:]
+                else:
+                    self._turn = start + place
                 return
-            election = ordered[(start + n) % len(ordered)]
             try:
                 election.campaign()
             except Exception:  # one election must not stop the others, nor the thread

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
+import pymongo
+
 from django_mongolock import clock, events
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockLost
@@ -85,13 +87,19 @@ class Lock(LeaseState):
         A process forked from the holder does not release its parent's lock. A re-entered
         reentrant lock is given up at its outermost release; the inner ones count down.
         """
+        return self._release_within(None)
+
+    def _release_within(self, limit: float | None) -> bool:
+        """``release``, its write bounded by ``limit`` seconds too (``pymongo.timeout``: a
+        lock group's share of one limit), the receivers it then calls not."""
         if self._drop_hold():
             return not self._lost
         if not self.take_release():
             return False
-        held = self.backend.store.release(
-            self.key, self.owner, self.token, shared=self.shared, contended=self.contended
-        )
+        with pymongo.timeout(limit):
+            held = self.backend.store.release(
+                self.key, self.owner, self.token, shared=self.shared, contended=self.contended
+            )
         self._released_by_holder(held)
         return held
 

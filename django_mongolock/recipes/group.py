@@ -7,8 +7,6 @@ import secrets
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
-import pymongo
-
 from django_mongolock import acquiring, clock
 from django_mongolock.exceptions import MongoLockError
 from django_mongolock.lock import Lock
@@ -59,6 +57,8 @@ class LockGroup:
         of one lock, rather than one limit each.
         """
         held, errors = _release_every(list(reversed(self.locks.values())))
+        for key, error in errors[1:]:
+            logger.warning("could not release %r of a group either: %s", key, error)
         if errors:
             raise errors[0][1]
         return held
@@ -126,8 +126,7 @@ def _release_every(locks: Sequence[Lock]) -> tuple[bool, list[tuple[str, MongoLo
     held, errors = True, []
     for lock in locks:
         try:
-            with pymongo.timeout(max(LAST_RELEASE_TIME, deadline - clock.now())):
-                held = lock.release() and held
+            held = lock._release_within(max(LAST_RELEASE_TIME, deadline - clock.now())) and held
         except MongoLockError as exc:
             held = False
             errors.append((lock.key, exc))
