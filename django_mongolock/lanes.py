@@ -7,6 +7,8 @@ the ``Lease`` protocol only (a ``Lock`` is one), and its elections through ``Cam
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import math
 import threading
@@ -110,8 +112,10 @@ class Lane:
         self.refresher = refresher
         self.manager = manager
         self._locks: weakref.WeakSet[Lease] = weakref.WeakSet()
-        # Elections campaign until stopped, so they are held strongly, like a thread.
-        self._elections: set[Campaign] = set()
+        # Elections campaign until stopped, so they are held strongly, like a thread. In
+        # the order they campaign in: a tick takes each from the left and puts it back on
+        # the right, and a new one joins on the left.
+        self._elections: collections.deque[Campaign] = collections.deque()
         self._cond = threading.Condition()
         self._due = math.inf
         self._stopping = False
@@ -129,8 +133,6 @@ class Lane:
         # last one's ``_Batch`` while neither has changed.
         self._version = 0
         self._batch: _Batch | None = None
-        self._turn = 0  # where the next tick's campaigns start, in the elections' order
-        self._fresh: list[Campaign] = []  # added since the last tick: they campaign first
 
     def __len__(self) -> int:
         with self._cond:
@@ -180,14 +182,14 @@ class Lane:
         with self._cond:
             if self._retired:
                 return False
-            self._elections.add(election)
-            self._fresh.append(election)
+            if election not in self._elections:
+                self._elections.appendleft(election)
             self._schedule(clock.now())
             return True
 
     def remove_election(self, election: Campaign) -> None:
-        with self._cond:
-            self._elections.discard(election)
+        with self._cond, contextlib.suppress(ValueError):
+            self._elections.remove(election)
 
     def held(self) -> list[Lease]:
         with self._cond:
@@ -304,15 +306,15 @@ class Lane:
             if over:
                 self._version += 1
             version = self._version
-            elections = list(self._elections)
-            fresh, self._fresh = self._fresh, []
+            elections = len(self._elections)
+            election_ttl = min((election.ttl for election in self._elections), default=math.inf)
         if not locks:
             self._batch = None  # nothing to keep listed while elections alone tick
             if not elections:
                 return
         shortest = min(
             min({lk.ttl for lk in locks}, default=math.inf),
-            min((election.ttl for election in elections), default=math.inf),
+            election_ttl,
         )
         next_due = clock.now() + interval(shortest)
         if locks:
@@ -335,35 +337,22 @@ class Lane:
             refusal=refreshed and self._refused,
             partial=refreshed and self._partly,
         )
-        self._campaign(elections, fresh, started + interval(shortest) * CAMPAIGN_SHARE)
+        self._campaign(elections, started + interval(shortest) * CAMPAIGN_SHARE)
 
-    def _campaign(self, elections: list[Campaign], fresh: list[Campaign], until: float) -> None:
-        """Campaign for each election that does not lead, those added since the last tick
-        (``fresh``) first, starting none after ``until`` (but the first) or once the lane
-        stops: the rest go first on the next tick. Each such campaign is an acquire, a
-        write: a thousand of them at 2 ms each made the next refresh two seconds late,
-        past the end of a 3 s lease."""
-        if not elections:
-            return
-        ordered = sorted(elections, key=lambda election: (election.key, id(election)))
-        start = self._turn % len(ordered)
-        waiting = {id(election) for election in elections}
-        first = [election for election in fresh if id(election) in waiting]
-        fresh_ids = {id(election) for election in first}
-        # (its place in the rotation, or None for a fresh one; the election)
-        turns: list[tuple[int | None, Campaign]] = [(None, election) for election in first]
-        for step in range(len(ordered)):
-            candidate = ordered[(start + step) % len(ordered)]
-            if id(candidate) not in fresh_ids:
-                turns.append((step, candidate))
-        for count, (place, election) in enumerate(turns):
+    def _campaign(self, elections: int, until: float) -> None:
+        """One campaign for each of the lane's ``elections`` that does not lead, starting
+        none after ``until`` (but the first) or once the lane stops: the rest go first on
+        the next tick, and one added meanwhile before them. Each such campaign is an
+        acquire, a write: a thousand of them at 2 ms each made the next refresh two
+        seconds late, past the end of a 3 s lease."""
+        for count in range(elections):
             if count and (self._stopping or clock.now() >= until):
-                if place is None:  # fresh ones not reached yet keep their place in front
-                    with self._cond:
-                        self._fresh[:0] = first[count:]
-                else:
-                    self._turn = start + place
                 return
+            with self._cond:
+                if not self._elections:
+                    return
+                election = self._elections[0]
+                self._elections.rotate(-1)
             try:
                 election.campaign()
             except Exception:  # one election must not stop the others, nor the thread

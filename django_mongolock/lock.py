@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import TracebackType
 from typing import Protocol
 
@@ -96,7 +97,7 @@ class Lock(LeaseState):
             return not self._lost
         if not self.take_release():
             return False
-        with pymongo.timeout(limit):
+        with pymongo.timeout(limit) if limit is not None else nullcontext():
             held = self.backend.store.release(
                 self.key, self.owner, self.token, shared=self.shared, contended=self.contended
             )

@@ -333,6 +333,12 @@ def leave(key: str, owner: str) -> Release:
     )
 
 
+# After a shared release: the document ends with its last holder left, or now if none is.
+HOLDERS_END: Final = {
+    "$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}
+}
+
+
 def release_shared(key: str, owner: str, token: int) -> Update:
     """Give up a shared lease: drop this holder's entry (the document stays until purged)."""
     me = {"$literal": owner}
@@ -352,7 +358,7 @@ def release_shared(key: str, owner: str, token: int) -> Update:
                     "ended": ended_with(me),
                 }
             },
-            {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+            HOLDERS_END,
         ],
         {"_id": 0, "live": holder_is(owner, live=True)},
         return_after=False,
@@ -436,7 +442,7 @@ def release_shared_many(
                     "ended": ended_with_each(ours),
                 }
             },
-            {"$set": {"expires_at": {"$ifNull": [{"$max": "$holders.expires_at"}, "$$NOW"]}}},
+            HOLDERS_END,
         ],
     )
 
