@@ -104,9 +104,10 @@ def confirmation_items(
     """What would be released, as the server sees it now: each picked lock with its
     outcome (``release``, ``changed`` hands, ``gone``), its current ``row``, and whether
     the release needs the box ticked (``alive``)."""
+    now = manager.statuses(key for key, _ in selection)  # two queries for the whole page
     items = []
     for key, token in selection:
-        current = manager.status(key)
+        current = now.get(key)
         if current is None:
             outcome = "gone"
         elif current.token != token:
@@ -165,10 +166,11 @@ def force_release(
     confirmed = set(request.POST.getlist(CONFIRM_ALIVE_VAR))
     reason = request.POST.get(REASON_VAR, "").strip()[:REASON_MAX].replace("\x00", "")
     by = request.user.get_username() or str(request.user.pk)
-    released: list[LockInfo] = []
+    before = manager.statuses(key for key, _ in selection)
     unconfirmed: list[Selection] = []
+    chosen: list[Selection] = []
     for key, token in selection:
-        current = manager.status(key)
+        current = before.get(key)
         if (
             current is not None
             and current.token == token
@@ -176,13 +178,19 @@ def force_release(
             and f"{token}:{key}" not in confirmed
         ):
             unconfirmed.append((key, token))
+        else:
+            chosen.append((key, token))
+    # A few round trips for the whole selection, not a few for each lock.
+    released = manager.force_release_many(chosen, reason=reason, by=by)
+    for info in released:
+        log(info)
+    done = {info.key for info in released}
+    missed = [key for key, _ in chosen if key not in done]
+    after = manager.statuses(missed) if missed else {}
+    for key, token in chosen:
+        if key in done:
             continue
-        info = manager.force_release(key, token=token, reason=reason, by=by)
-        if info is not None:
-            released.append(info)
-            log(info)
-            continue
-        current = manager.status(key)
+        current = after.get(key)
         if current is None:
             messages.warning(
                 request,

@@ -999,3 +999,28 @@ def test_the_confirmation_box_is_csrf_protected(
     assert forged.status_code == 403
     assert locks.status(info.key) is not None
     assert locks.history(info.key) == []
+
+
+def test_bulk_release_reads_and_releases_the_selection_at_once(
+    admin_client: Client,
+    sample: dict[str, LockInfo],
+    locks: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The confirmation page and the release read every picked lock in one go, and release
+    them in one transaction: never a status or a force release per lock."""
+
+    def one_by_one(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a lock at a time")
+
+    monkeypatch.setattr(LockManager, "status", one_by_one)
+    monkeypatch.setattr(LockManager, "force_release", one_by_one)
+    chosen = [sample["cron/cleanup"], sample["invoices/42"]]
+    picked = [f"{info.token}:{info.key}" for info in chosen]
+    bulk = {"action": "release_selected", "_selected_action": picked}
+    url = f"{LIST_URL}?state=expired"
+    confirm = admin_client.post(url, bulk)
+    assert [item["selection"] for item in confirm.context["releasable"]] == picked
+    done = admin_client.post(url, {**bulk, "post": "yes"}, follow=True)
+    assert "2 locks were force-released." in messages_of(done)
+    assert locks.statuses(info.key for info in chosen) == {}

@@ -114,6 +114,13 @@ def test_every_holder_operation_names_its_key(
     assert manager.store.release_shared_many([(leaving.key, leaving.owner, leaving.token)]) == 1
     # The operator's keyed calls.
     assert manager.status("targeted-a") is not None
+    assert set(manager.statuses(["targeted-a", "targeted-shared"])) == {
+        "targeted-a",
+        "targeted-shared",
+    }
+    forced = manager.acquire("targeted-forced", refresh=False)
+    [gone] = manager.force_release_many([(forced.key, forced.token)])
+    assert gone.key == "targeted-forced"
     assert manager.force_release("targeted-a") is not None
     assert not lock.release()
     assert reader.release()
@@ -139,6 +146,7 @@ def test_every_holder_operation_names_its_key(
         "targeted-g1",
         "targeted-g2",
         "targeted-exit",
+        "targeted-forced",
     } <= named
     # The refresher's bulk writes name every held key at once.
     bulk = [

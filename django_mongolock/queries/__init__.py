@@ -43,7 +43,16 @@ from django_mongolock.queries.indexes import (
     plan_keyed,
     plan_locks,
 )
-from django_mongolock.queries.inspection import COUNTED, SORTS, counts, find, force_release, listing
+from django_mongolock.queries.inspection import (
+    COUNTED,
+    SORTS,
+    at_tokens,
+    counts,
+    find,
+    force_release,
+    force_release_many,
+    listing,
+)
 from django_mongolock.queries.leases import (
     REFRESH_MANY_PIPELINE,
     REFRESHED_LIVE,
@@ -113,11 +122,13 @@ __all__ = [
     "TTLIndex",
     "Update",
     "acquire",
+    "at_tokens",
     "audit_record",
     "check_limit",
     "counts",
     "find",
     "force_release",
+    "force_release_many",
     "give_up",
     "handing_release",
     "heartbeats",

@@ -8,7 +8,7 @@ by the server's clock.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from pymongo import ASCENDING, DESCENDING
@@ -16,7 +16,16 @@ from pymongo import ASCENDING, DESCENDING
 from django_mongolock.info import Order, State
 from django_mongolock.queries.common import HELD, LIVE
 
-__all__ = ["COUNTED", "SORTS", "counts", "find", "force_release", "listing"]
+__all__ = [
+    "COUNTED",
+    "SORTS",
+    "at_tokens",
+    "counts",
+    "find",
+    "force_release",
+    "force_release_many",
+    "listing",
+]
 
 SORTS: Final[Mapping[Order, list[tuple[str, int]]]] = {
     "key": [("_id", ASCENDING)],
@@ -41,6 +50,19 @@ def force_release(key: str, token: int | None) -> dict[str, Any]:
     if token is not None:
         query["token"] = token
     return query
+
+
+def force_release_many(keys: Sequence[str]) -> dict[str, Any]:
+    """The locks of ``keys``, whoever holds them (their tokens are checked by the caller)."""
+    return {"_id": {"$in": list(keys)}, **HELD}
+
+
+def at_tokens(locks: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """The documents of ``locks``, each only while its token is the one given."""
+    return {
+        "_id": {"$in": [key for key, _ in locks]},
+        "$or": [{"_id": key, "token": token} for key, token in locks],
+    }
 
 
 def listing(state: State, prefix: str | None, owner: str | None = None) -> dict[str, Any]:

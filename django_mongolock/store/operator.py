@@ -3,7 +3,7 @@ recorded in the audit trail, is in ``records``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from django_mongolock import queries
 from django_mongolock.info import IndexAction, LockInfo, Order, State
@@ -20,6 +20,22 @@ class OperatorQueries(StoreBase):
         with self._translate:
             doc = self.collection.find_one(queries.find(key), projection=queries.PROJECTION)
         return None if doc is None else LockInfo.from_document(doc)
+
+    def find_many(self, keys: Sequence[str]) -> dict[str, LockInfo]:
+        """The documents of ``keys`` that are locks, by key: one read at majority."""
+        if not keys:
+            return {}
+        with self._translate:
+            docs = list(
+                self.collection.find(
+                    queries.force_release_many(keys),
+                    projection=queries.PROJECTION,
+                    # One document a key at most, all in the first reply: no getMore.
+                    limit=len(keys),
+                    batch_size=len(keys),
+                )
+            )
+        return {doc["_id"]: LockInfo.from_document(doc) for doc in docs}
 
     def scan(
         self,

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import bson
 import pymongo
-from pymongo import ASCENDING, DESCENDING
+from pymongo import ASCENDING, DESCENDING, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import OperationFailure, PyMongoError
@@ -30,6 +30,8 @@ __all__ = ["RecordQueries"]
 
 # How often a force release's transaction runs at most (conflicts, lost replies).
 _TRANSACTION_ATTEMPTS: Final = 5
+# How many locks one transaction of a bulk force release deletes at most.
+FORCE_CHUNK: Final = 200
 _UNAUTHORIZED: Final = 13
 # The size of a shared stream's secret (``relay_secret``); a shorter one is not ours.
 RELAY_SECRET_BYTES: Final = 32
@@ -188,17 +190,73 @@ class RecordQueries(StoreBase):
         """``force_release`` and its audit record in one transaction: both or neither."""
         query = queries.force_release(key, token)
 
-        def delete_and_record(session: ClientSession) -> Mapping[str, Any] | None:
-            doc: Mapping[str, Any] | None = self.collection.find_one_and_delete(
+        def delete_and_record(session: ClientSession) -> list[LockInfo]:
+            doc = self.collection.find_one_and_delete(
                 query, projection=queries.PROJECTION, session=session
             )
-            if doc is not None:
-                info = LockInfo.from_document(doc)
-                record = queries.audit_record(key, info, by=by, reason=reason)
-                self.audit.update_one(*record, upsert=True, session=session)
-            return doc
+            if doc is None:
+                return []
+            info = LockInfo.from_document(doc)
+            record = queries.audit_record(key, info, by=by, reason=reason)
+            self.audit.update_one(*record, upsert=True, session=session)
+            return [info]
 
+        released = self._recorded(delete_and_record)
+        return released[0] if released else None
+
+    def force_release_recorded_many(
+        self, selection: Sequence[tuple[str, int]], *, by: str, reason: str
+    ) -> list[LockInfo]:
+        """``force_release_recorded`` of each ``(key, token)``, each only at its token: one
+        transaction of four round trips for every ``FORCE_CHUNK`` keys (a read, the delete,
+        the audit records, the commit), not three round trips for each lock."""
+        released: list[LockInfo] = []
+        for start in range(0, len(selection), FORCE_CHUNK):
+            chunk = dict(selection[start : start + FORCE_CHUNK])
+
+            def delete_and_record(
+                session: ClientSession, chunk: dict[str, int] = chunk
+            ) -> list[LockInfo]:
+                # Read and deleted in one snapshot: a lock changed by anyone after the read
+                # makes the delete a write conflict, and the whole transaction runs again.
+                docs = [
+                    doc
+                    for doc in self.collection.find(
+                        queries.force_release_many(list(chunk)),
+                        projection=queries.PROJECTION,
+                        session=session,
+                        # One document a key at most, all in the first reply: no getMore.
+                        limit=len(chunk),
+                        batch_size=len(chunk),
+                    )
+                    if doc.get("token") == chunk[doc["_id"]]
+                ]
+                if not docs:
+                    return []
+                at = [(doc["_id"], doc["token"]) for doc in docs]
+                deleted = self.collection.delete_many(queries.at_tokens(at), session=session)
+                if deleted.deleted_count != len(docs):  # not expected within one snapshot
+                    raise MongoLockError(
+                        f"force release: {deleted.deleted_count} of {len(docs)} locks deleted"
+                    )
+                infos = [LockInfo.from_document(doc) for doc in docs]
+                records = [
+                    UpdateOne(
+                        *queries.audit_record(info.key, info, by=by, reason=reason), upsert=True
+                    )
+                    for info in infos
+                ]
+                self.audit.bulk_write(records, session=session)
+                return infos
+
+            released += self._recorded(delete_and_record)
+        return released
+
+    def _recorded(self, work: Callable[[ClientSession], list[LockInfo]]) -> list[LockInfo]:
+        """Run ``work`` in a majority transaction and commit it, within one operation limit:
+        what it released, once committed."""
         client = self.collection.database.client
+        done: list[LockInfo] = []
         # Not with_transaction(): it retries for up to two minutes. A write conflict with
         # the holder's refresh is retried a few times, all within one time budget.
         with self._translate, pymongo.timeout(self.timeout), client.start_session() as session:
@@ -211,7 +269,7 @@ class RecordQueries(StoreBase):
                     write_concern=WriteConcern("majority"),
                 )
                 try:
-                    doc = delete_and_record(session)
+                    done = work(session)
                 except PyMongoError as exc:
                     # Nothing is applied until the commit: the whole transaction can be
                     # sent again after a conflict, a lost reply or a dropped connection.
@@ -222,7 +280,7 @@ class RecordQueries(StoreBase):
                     continue
                 if _commit(session, last):
                     break
-        return None if doc is None else LockInfo.from_document(doc)
+        return done
 
     def history(self, key: str, limit: int | None = 100) -> list[AuditEntry]:
         """The force releases of ``key`` still on record, newest first."""
