@@ -85,6 +85,8 @@ def fill_stats(manager: Any, processes: int, locks: int) -> int:
                 if i % 50 == 0 and minute % 10 == 0:
                     recorder.lost(manager, key, "expired", owner="w:1:x", token=1, at=t)
             store.add(recorder.take(manager))
+    if not store.wait_indexed(120.0):  # measured with the indexes the pages read through
+        raise RuntimeError("the statistics' indexes were not built")
     return int(store.stats.count_documents({}))
 
 

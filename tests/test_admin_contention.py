@@ -202,6 +202,7 @@ def test_counts_are_flushed_in_the_refreshers_tick_into_a_ttl_collection(
     # the waiter stalled past its first lease and then took the key itself).
     assert [kind for kind in kinds if kind != "handoff"] == ["timeout"]
     assert doc.get("handoffs", 0) == kinds.count("handoff") <= 1
+    assert store.wait_indexed(30.0)  # created by the first flush, on a thread of its own
     index = store.stats.index_information()[queries.STATS_TTL_INDEX]
     assert index["expireAfterSeconds"] == queries.STATS_RETENTION
     assert store.check_index().action == "unchanged"

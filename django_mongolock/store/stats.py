@@ -6,24 +6,36 @@ as they are: one bulk write per flush, and the admin's reads of the last hour.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import pymongo
+import pymongo.errors
 from pymongo import ASCENDING
 from pymongo.collection import Collection
+from pymongo.errors import OperationFailure
 
+from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import IndexAction
 from django_mongolock.queries import stats as queries
 from django_mongolock.queries.indexes import TTLIndex
 from django_mongolock.store.base import StoreBase
 
-__all__ = ["INDEX_RETRY", "StatsStore"]
+__all__ = ["INDEX_RETRY", "INDEX_TIME", "StatsStore"]
+
+logger = logging.getLogger("django_mongolock.stats")
 
 # Seconds before a failed creation of the indexes is tried again.
 INDEX_RETRY = 60.0
+# The limit of one creation of the indexes: an index build on a replica set waits for
+# every voting member, and an interrupted one is aborted by the server.
+INDEX_TIME = 60.0
+# The server's code for a hint that names no index (among other bad values).
+BAD_VALUE = 2
 
 
 class StatsStore(StoreBase):
@@ -32,6 +44,7 @@ class StatsStore(StoreBase):
     def __init__(self, collection: Collection[Any]) -> None:
         super().__init__(collection)
         self._indexed = False
+        self._indexing: threading.Thread | None = None
         self._index_retry = 0.0  # when a failed index creation may be tried again
         self._mutex = threading.Lock()
 
@@ -71,25 +84,61 @@ class StatsStore(StoreBase):
         return item
 
     def add(self, buckets: Mapping[tuple[str, datetime], queries.Bucket]) -> None:
-        """Add one process's counts: one unordered bulk write (the indexes once first; a
-        failed creation is tried again a minute later, not on every flush)."""
+        """Add one process's counts: one unordered bulk write. The first also starts the
+        creation of the indexes, on a thread of its own, which it does not wait for."""
         writes = queries.flush(buckets)
         if not writes:
             return
-        with self._mutex:
-            due = not self._indexed and time.monotonic() >= self._index_retry
-            if due:
-                self._index_retry = time.monotonic() + INDEX_RETRY
-        if due:
-            self.ensure_index()
+        self._index_soon()
         with self._translate:
             self.stats.bulk_write(writes, ordered=False)
 
-    def busiest(self, since: datetime, limit: int) -> list[dict[str, Any]]:
-        with self._translate:
-            return list(
-                self.stats.aggregate(queries.busiest(since, limit), hint=queries.STATS_BUSY_INDEX)
+    def _index_soon(self) -> None:
+        """Create the indexes once, with a limit of their own (``INDEX_TIME``), off the
+        flush's thread: within a flush's limit (a quarter of the refresher's interval,
+        on its thread) a build that waits for a slow member was cut off, and so aborted,
+        every time. A failed creation is tried again a minute later."""
+        with self._mutex:
+            if self._indexed or self._indexing or time.monotonic() < self._index_retry:
+                return
+            self._indexing = threading.Thread(
+                target=self._build_indexes, name="mongolock-stats-indexes", daemon=True
             )
+            self._indexing.start()
+
+    def _build_indexes(self) -> None:
+        try:
+            with pymongo.timeout(INDEX_TIME):
+                self.ensure_index()
+        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+            logger.warning("could not create the statistics indexes (again in a minute): %s", exc)
+            with self._mutex:
+                self._index_retry = time.monotonic() + INDEX_RETRY
+        finally:
+            with self._mutex:
+                self._indexing = None
+
+    def wait_indexed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a creation of the indexes under way; whether
+        they are in place (for tests and tools)."""
+        with self._mutex:
+            building = self._indexing
+        if building is not None:
+            building.join(timeout)
+        return self._indexed
+
+    def busiest(self, since: datetime, limit: int) -> list[dict[str, Any]]:
+        """The busiest keys since ``since``, through their index; without it while it is not
+        built yet (the first flush of the processes that count starts building it)."""
+        pipeline = queries.busiest(since, limit)
+        with self._translate:
+            try:
+                return list(self.stats.aggregate(pipeline, hint=queries.STATS_BUSY_INDEX))
+            except OperationFailure as exc:
+                if exc.code != BAD_VALUE or "hint" not in str(exc):
+                    raise
+            self._index_soon()
+            return list(self.stats.aggregate(pipeline))
 
     def totals(self, since: datetime) -> list[dict[str, Any]]:
         with self._translate:
