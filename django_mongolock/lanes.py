@@ -349,7 +349,7 @@ class Lane:
             if count and (self._stopping or clock.now() >= until):
                 return
             with self._cond:
-                if not self._elections:
+                if count >= len(self._elections):  # some left meanwhile: none campaigns twice
                     return
                 election = self._elections[0]
                 self._elections.rotate(-1)

@@ -121,20 +121,28 @@ class Operations:
         given: the locks removed, each with its audit record.
 
         A few round trips for up to 200 locks (one transaction), not a few for each: the
-        admin's bulk action releases a page of locks within one request's time.
+        admin's bulk action releases a page of locks within one request's time. A key
+        given twice keeps its first token. On an error, the locks of the transactions
+        committed before it stay released (logged, with their audit records).
         """
         picked: dict[str, int] = {}
         for key, token in locks:
             picked.setdefault(validate_key(key), validate_token(token))
         reason = validate_audit_text("reason", reason, allow_empty=True)
         by = validate_audit_text("by", operator() if by is None else by, allow_empty=False)
-        released = self.store.force_release_recorded_many([*picked.items()], by=by, reason=reason)
+        released: builtins.list[LockInfo] = []
+
+        def committed(infos: builtins.list[LockInfo]) -> None:
+            for info in infos:
+                _log_release(info, by, reason)
+                self.waiters.notify(info.key)
+            released.extend(infos)
+
+        self.store.force_release_recorded_many(
+            [*picked.items()], by=by, reason=reason, committed=committed
+        )
         order = {key: place for place, key in enumerate(picked)}
-        released.sort(key=lambda info: order[info.key])
-        for info in released:
-            _log_release(info, by, reason)
-            self.waiters.notify(info.key)
-        return released
+        return sorted(released, key=lambda info: order[info.key])
 
     def history(self, key: str, *, limit: int | None = 100) -> builtins.list[AuditEntry]:
         """The force releases of ``key`` still on record (``audit_retention``), newest first."""

@@ -32,6 +32,7 @@ from django_mongolock import (
 )
 from django_mongolock.deadlines import Deadlines
 from django_mongolock.notices import EAGER, Notices
+from django_mongolock.recipes.election import Election
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
@@ -741,15 +742,47 @@ def _fail_once(fail_points: MongoReplicaSet, app: str, command: str) -> None:
         admin.close()
 
 
+@contextlib.contextmanager
+def _rivalled(
+    fail_points: MongoReplicaSet, app: str, keys: list[str]
+) -> Iterator[tuple[LockManager, _Attempts, list[Election]]]:
+    """A manager on a client named ``app`` whose acquires are recorded, and a rival that
+    leads ``keys``; the elections put in the list given are stopped after."""
+    database = app.replace("-", "_")
+    attempts = _Attempts()
+    client: MongoClient[Any] = MongoClient(
+        fail_points.url,
+        appname=app,
+        w="majority",
+        tz_aware=True,
+        timeoutMS=10_000,
+        event_listeners=[attempts],
+    )
+    manager = LockManager(client=client, database=database)
+    rival = _manager(fail_points, database, f"{app}-rival")
+    elections: list[Election] = []
+    try:
+        for key in keys:
+            rival.acquire(key, ttl=60)
+        yield manager, attempts, elections
+    finally:
+        for election in elections:
+            election.stop()
+        rival.client.drop_database(database)
+        _close(manager, rival)
+
+
 class _Attempts(monitoring.CommandListener):
     """The keys of the acquires (``findAndModify``) a client started."""
 
     def __init__(self) -> None:
         self.keys: set[str] = set()
+        self.sent: list[str] = []  # in order, repeats included
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name == "findAndModify":
             self.keys.add(event.command["query"]["_id"])
+            self.sent.append(event.command["query"]["_id"])
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -764,26 +797,11 @@ def test_many_campaigns_make_no_refresh_late(fail_points: MongoReplicaSet, hang:
     lease that the same lane keeps. A tick starts no campaign after half its interval
     and the rest go first on the next: the lease stays held for 6 s at least, and until
     every election has campaigned (bounded)."""
-    app, database = "many-campaigns", "many_campaigns"
-    attempts = _Attempts()
-    client: MongoClient[Any] = MongoClient(
-        fail_points.url,
-        appname=app,
-        w="majority",
-        tz_aware=True,
-        timeoutMS=10_000,
-        event_listeners=[attempts],
-    )
-    manager = LockManager(client=client, database=database)
-    rival = _manager(fail_points, database, "campaign-rival")
     keys = [f"lead-{n:02d}" for n in range(40)]
-    elections = []
-    try:
-        for key in keys:
-            rival.acquire(key, ttl=30)
+    with _rivalled(fail_points, "many-campaigns", keys) as (manager, attempts, elections):
         lock = manager.acquire("kept", ttl=3.0)
-        hang(app, ms=100, commands=("findAndModify",))
-        elections = [manager.elect(key, ttl=30) for key in keys]
+        hang("many-campaigns", ms=100, commands=("findAndModify",))
+        elections += [manager.elect(key, ttl=30) for key in keys]
         started = clock.now()
         while clock.now() < started + 6.0 or not attempts.keys >= set(keys):
             assert lock.valid, "a lease of the lane ended while its elections campaigned"
@@ -791,8 +809,41 @@ def test_many_campaigns_make_no_refresh_late(fail_points: MongoReplicaSet, hang:
             time.sleep(0.1)
         assert not lock.lost.is_set()
         assert not any(election.is_leader for election in elections)
-    finally:
-        for election in elections:
+
+
+def test_elections_stopped_during_a_tick_make_no_other_campaign_twice(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """Six elections campaign on every tick (every 4 s; the server holds each campaign
+    0.1 s). Two of them stop while the first of a tick campaigns: the four left campaign
+    once each in that tick, none twice."""
+    keys = [f"stop-{n}" for n in range(6)]
+    with _rivalled(fail_points, "stopped-campaigns", keys) as (manager, attempts, elections):
+        hang("stopped-campaigns", ms=100, commands=("findAndModify",))
+        elections += [manager.elect(key, ttl=12) for key in keys]
+        started = clock.now()
+        while not attempts.keys >= set(keys):  # the first ticks
+            assert clock.now() < started + 20.0, f"not every election campaigned: {attempts.sent}"
+            time.sleep(0.05)
+        while True:  # between two ticks: no campaign for a second
+            seen = len(attempts.sent)
+            time.sleep(1.0)
+            if len(attempts.sent) == seen:
+                break
+            assert clock.now() < started + 30.0, "the campaigns never paused"
+        attempts.sent.clear()
+        while not attempts.sent:  # the next tick's first campaign
+            assert clock.now() < started + 40.0, "no tick after the pause"
+            time.sleep(0.01)
+        first, tick = attempts.sent[0], clock.now()
+        stopped = [e for e in elections if e.key != first][:2]
+        for election in stopped:
             election.stop()
-        rival.client.drop_database(database)
-        _close(manager, rival)
+        left = {e.key for e in elections if e not in stopped}
+        while not set(attempts.sent) >= left:
+            # The next tick comes 4 s after this one began.
+            assert clock.now() < tick + 3.5, f"not every election campaigned: {attempts.sent}"
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second round of this tick would have begun by now
+        assert clock.now() < tick + 3.5
+        assert sorted(attempts.sent) == sorted(left)

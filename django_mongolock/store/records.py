@@ -205,56 +205,80 @@ class RecordQueries(StoreBase):
         return released[0] if released else None
 
     def force_release_recorded_many(
-        self, selection: Sequence[tuple[str, int]], *, by: str, reason: str
-    ) -> list[LockInfo]:
-        """``force_release_recorded`` of each ``(key, token)``, each only at its token: one
-        transaction of four round trips for every ``FORCE_CHUNK`` keys (a read, the delete,
-        the audit records, the commit), not three round trips for each lock."""
-        released: list[LockInfo] = []
+        self,
+        selection: Sequence[tuple[str, int]],
+        *,
+        by: str,
+        reason: str,
+        committed: Callable[[list[LockInfo]], object],
+    ) -> None:
+        """``force_release_recorded`` of each ``(key, token)``, each only at its token, in
+        one transaction of four round trips for every ``FORCE_CHUNK`` keys (a read, the
+        delete, the audit records, the commit), not three round trips for each lock.
+        ``committed`` is called with the locks of each transaction once it is committed:
+        when a later one fails, those stay released.
+
+        A holder's refresh of any of the locks between the read and the delete is a write
+        conflict that runs the whole transaction again; one that keeps conflicting (many
+        live locks, a slow server) is split in two, each half in a transaction of its own.
+        """
         for start in range(0, len(selection), FORCE_CHUNK):
-            chunk = dict(selection[start : start + FORCE_CHUNK])
+            self._force_release_part(
+                dict(selection[start : start + FORCE_CHUNK]), by, reason, committed
+            )
 
-            def delete_and_record(
-                session: ClientSession, chunk: dict[str, int] = chunk
-            ) -> list[LockInfo]:
-                # Read and deleted in one snapshot: a lock changed by anyone after the read
-                # makes the delete a write conflict, and the whole transaction runs again.
-                docs = [
-                    doc
-                    for doc in self.collection.find(
-                        queries.force_release_many(list(chunk)),
-                        projection=queries.PROJECTION,
-                        session=session,
-                        # One document a key at most, all in the first reply: no getMore.
-                        limit=len(chunk),
-                        batch_size=len(chunk),
-                    )
-                    if doc.get("token") == chunk[doc["_id"]]
-                ]
-                if not docs:
-                    return []
-                at = [(doc["_id"], doc["token"]) for doc in docs]
-                deleted = self.collection.delete_many(queries.at_tokens(at), session=session)
-                if deleted.deleted_count != len(docs):  # not expected within one snapshot
-                    raise MongoLockError(
-                        f"force release: {deleted.deleted_count} of {len(docs)} locks deleted"
-                    )
-                infos = [LockInfo.from_document(doc) for doc in docs]
-                records = [
-                    UpdateOne(
-                        *queries.audit_record(info.key, info, by=by, reason=reason), upsert=True
-                    )
-                    for info in infos
-                ]
-                self.audit.bulk_write(records, session=session)
-                return infos
+    def _force_release_part(
+        self,
+        part: dict[str, int],
+        by: str,
+        reason: str,
+        committed: Callable[[list[LockInfo]], object],
+    ) -> None:
+        def delete_and_record(session: ClientSession) -> list[LockInfo]:
+            # Read and deleted in one snapshot: a lock changed by anyone after the read
+            # makes the delete a write conflict, and the whole transaction runs again.
+            docs = [
+                doc
+                for doc in self.collection.find(
+                    queries.force_release_many(list(part)),
+                    projection=queries.PROJECTION,
+                    session=session,
+                    # One document a key at most, all in the first reply.
+                    limit=len(part),
+                    batch_size=len(part),
+                )
+                if doc.get("token") == part[doc["_id"]]
+            ]
+            if not docs:
+                return []
+            at = [(doc["_id"], doc["token"]) for doc in docs]
+            deleted = self.collection.delete_many(queries.at_tokens(at), session=session)
+            if deleted.deleted_count != len(docs):  # a snapshot cannot lose one: a bug
+                raise AssertionError(f"{deleted.deleted_count} of {len(docs)} locks deleted")
+            infos = [LockInfo.from_document(doc) for doc in docs]
+            records = [
+                UpdateOne(*queries.audit_record(info.key, info, by=by, reason=reason), upsert=True)
+                for info in infos
+            ]
+            self.audit.bulk_write(records, session=session)
+            return infos
 
-            released += self._recorded(delete_and_record)
-        return released
+        try:
+            released = self._recorded(delete_and_record, splittable=len(part) > 1)
+        except _KeptConflicting:
+            keys = list(part)
+            for half in (keys[: len(keys) // 2], keys[len(keys) // 2 :]):
+                self._force_release_part({key: part[key] for key in half}, by, reason, committed)
+            return
+        if released:
+            committed(released)
 
-    def _recorded(self, work: Callable[[ClientSession], list[LockInfo]]) -> list[LockInfo]:
+    def _recorded(
+        self, work: Callable[[ClientSession], list[LockInfo]], *, splittable: bool = False
+    ) -> list[LockInfo]:
         """Run ``work`` in a majority transaction and commit it, within one operation limit:
-        what it released, once committed."""
+        what it released, once committed. ``splittable``: when the last attempt meets a
+        write conflict too, raise ``_KeptConflicting`` (the caller splits the work)."""
         client = self.collection.database.client
         done: list[LockInfo] = []
         # Not with_transaction(): it retries for up to two minutes. A write conflict with
@@ -275,6 +299,8 @@ class RecordQueries(StoreBase):
                     # sent again after a conflict, a lost reply or a dropped connection.
                     with contextlib.suppress(PyMongoError):
                         session.abort_transaction()
+                    if last and splittable and exc.has_error_label("TransientTransactionError"):
+                        raise _KeptConflicting from exc
                     if last or not mongo.transaction_retryable(exc):
                         raise
                     continue
@@ -340,6 +366,10 @@ class RecordQueries(StoreBase):
                     item = IndexAction(item.name, item.description, "updated", item.detail)
                 done.append(item)
         return done
+
+
+class _KeptConflicting(Exception):
+    """Every attempt of a transaction met a write conflict: run its work in parts."""
 
 
 def _commit(session: ClientSession, last: bool) -> bool:
