@@ -205,6 +205,12 @@ class LeaseState:
         return self._deadline
 
     @property
+    def forked(self) -> bool:
+        """Whether this process was forked from the holder's: the lock is its parent's, and
+        nothing done with it here reaches the server."""
+        return self._pid != os.getpid()
+
+    @property
     def over(self) -> bool:
         """Released or lost: the deadline watch and the refresher can forget it."""
         return self._released or self._lost

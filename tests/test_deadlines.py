@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from django_mongolock import (
 from django_mongolock.deadlines import Deadlines
 from django_mongolock.notices import EAGER, Notices
 from django_mongolock.recipes.election import Election
+from django_mongolock.recipes.group import LockGroup
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_lost
 from django_mongolock.testing import MongoReplicaSet
@@ -721,6 +723,50 @@ def test_a_failed_groups_give_back_does_not_wait_a_limit_per_key(
             assert busy.release()
         finally:
             _close(rival)
+
+
+def test_an_interrupted_group_release_still_gives_up_the_rest(
+    fail_points: MongoReplicaSet, hang: Any
+) -> None:
+    """Ctrl-C (a real SIGINT) while the server holds the first release of a group: the
+    KeyboardInterrupt goes on, but only after the other locks were released, so that
+    none of them is left held and refreshed."""
+    app = "group-interrupted"
+    with _given(fail_points, app, serverSelectionTimeoutMS=1500) as manager:
+        keys = ["i-a", "i-b", "i-c", "i-d"]
+        group = manager.acquire_group(keys, ttl=30)
+        hang(app, ms=3000, times=1, commands=("update",))  # i-d's release: it goes first
+        interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        interrupt.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                group.release()
+        finally:
+            interrupt.cancel()
+        rest = [group.locks[key] for key in keys[:3]]
+        assert all(lock.released for lock in rest)
+        assert manager.statuses(keys[:3]) == {}
+        assert not set(rest) & set(get_refresher().held())
+
+
+def _release_group_in_child(group: LockGroup, manager: LockManager, parent: int) -> None:
+    """Exit 0 if a forked child's release of its parent's group writes nothing and builds
+    no client of its own (the manager's store is still the parent's)."""
+    held = group.release()
+    os._exit(0 if not held and manager._connection._pid == parent else 1)
+
+
+def test_a_group_released_in_a_forked_child_builds_no_client(manager: LockManager) -> None:
+    group = manager.acquire_group(["f-a", "f-b"], ttl=30)
+    assert manager.store is not None  # the parent's client is built
+    child = multiprocessing.get_context("fork").Process(
+        target=_release_group_in_child, args=(group, manager, os.getpid())
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert set(manager.statuses(["f-a", "f-b"])) == {"f-a", "f-b"}  # still the parent's
+    assert group.release()
 
 
 def _fail_once(fail_points: MongoReplicaSet, app: str, command: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import Iterable, Sequence
@@ -118,16 +119,23 @@ def _release_every(locks: Sequence[Lock]) -> tuple[bool, list[tuple[str, MongoLo
     and one write the server holds leaves the others time to go."""
     if not locks:
         return True, []
-    try:
-        limit = locks[0].backend.store.timeout
-    except MongoLockError:
-        limit = 0.0  # its manager is closed: each release says so at once
+    limit = 0.0  # in a forked child no release writes: no client is built for the limit
+    if not all(lock.forked for lock in locks):
+        with contextlib.suppress(MongoLockError):  # closed: each release says so at once
+            limit = locks[0].backend.store.timeout
     deadline = clock.now() + limit
     held, errors = True, []
-    for lock in locks:
+    for place, lock in enumerate(locks):
         try:
             held = lock._release_within(max(LAST_RELEASE_TIME, deadline - clock.now())) and held
         except MongoLockError as exc:
             held = False
             errors.append((lock.key, exc))
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, SystemExit from a signal handler): the rest
+            # are still given up, briefly each, rather than left held and refreshed.
+            for rest in locks[place + 1 :]:
+                with contextlib.suppress(Exception):
+                    rest._release_within(LAST_RELEASE_TIME)
+            raise
     return held, errors
