@@ -337,22 +337,27 @@ class Lane:
             refusal=refreshed and self._refused,
             partial=refreshed and self._partly,
         )
-        self._campaign(elections, started + interval(shortest) * CAMPAIGN_SHARE)
+        if elections:
+            self._campaign(started + interval(shortest) * CAMPAIGN_SHARE)
 
-    def _campaign(self, elections: int, until: float) -> None:
-        """One campaign for each of the lane's ``elections`` that does not lead, starting
-        none after ``until`` (but the first) or once the lane stops: the rest go first on
-        the next tick, and one added meanwhile before them. Each such campaign is an
-        acquire, a write: a thousand of them at 2 ms each made the next refresh two
-        seconds late, past the end of a 3 s lease."""
-        for count in range(elections):
-            if count and (self._stopping or clock.now() >= until):
+    def _campaign(self, until: float) -> None:
+        """One campaign for each of the lane's elections that does not lead, starting none
+        after ``until`` (but the first) or once the lane stops: the rest go first on the
+        next tick, and one added meanwhile before them. Each such campaign is an acquire,
+        a write: a thousand of them at 2 ms each made the next refresh two seconds late,
+        past the end of a 3 s lease."""
+        done: set[Campaign] = set()
+        while True:
+            if done and (self._stopping or clock.now() >= until):
                 return
             with self._cond:
-                if count >= len(self._elections):  # some left meanwhile: none campaigns twice
+                # Each one campaigned goes to the back: one found in front again means
+                # all have had their turn, however many came or went meanwhile.
+                if not self._elections or self._elections[0] in done:
                     return
                 election = self._elections[0]
                 self._elections.rotate(-1)
+            done.add(election)
             try:
                 election.campaign()
             except Exception:  # one election must not stop the others, nor the thread

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from django_mongolock.info import AuditEntry, IndexAction, LockInfo, Order, State
 from django_mongolock.owners import operator
@@ -115,7 +115,12 @@ class Operations:
         return info
 
     def force_release_many(
-        self, locks: Iterable[tuple[str, int]], *, reason: str = "", by: str | None = None
+        self,
+        locks: Iterable[tuple[str, int]],
+        *,
+        reason: str = "",
+        by: str | None = None,
+        on_released: Callable[[LockInfo], object] | None = None,
     ) -> builtins.list[LockInfo]:
         """``force_release`` of each ``(key, token)``, each only while its token is the one
         given: the locks removed, each with its audit record.
@@ -123,7 +128,9 @@ class Operations:
         A few round trips for up to 200 locks (one transaction), not a few for each: the
         admin's bulk action releases a page of locks within one request's time. A key
         given twice keeps its first token. On an error, the locks of the transactions
-        committed before it stay released (logged, with their audit records).
+        committed before it stay released (logged, with their audit records);
+        ``on_released`` is called with each lock as soon as its transaction is committed,
+        so that a caller can record those too (the admin's log does).
         """
         picked: dict[str, int] = {}
         for key, token in locks:
@@ -137,6 +144,9 @@ class Operations:
                 _log_release(info, by, reason)
                 self.waiters.notify(info.key)
             released.extend(infos)
+            if on_released is not None:
+                for info in infos:
+                    on_released(info)
 
         self.store.force_release_recorded_many(
             [*picked.items()], by=by, reason=reason, committed=committed

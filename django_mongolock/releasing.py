@@ -24,7 +24,6 @@ from django_mongolock.display import may_be_alive, short
 from django_mongolock.info import LockInfo
 from django_mongolock.manager import LockManager
 from django_mongolock.models import Lock
-from django_mongolock.store.records import FORCE_CHUNK
 from django_mongolock.validation import validate_key
 
 __all__ = [
@@ -181,14 +180,9 @@ def force_release(
             unconfirmed.append((key, token))
         else:
             chosen.append((key, token))
-    # A few round trips for the whole selection, not a few for each lock; a part at a
-    # time, so that the parts released before an error are in the admin's log too.
-    released: list[LockInfo] = []
-    for start in range(0, len(chosen), FORCE_CHUNK):
-        part = manager.force_release_many(chosen[start : start + FORCE_CHUNK], reason=reason, by=by)
-        for info in part:
-            log(info)
-        released += part
+    # A few round trips for the whole selection, not a few for each lock; each logged as
+    # its transaction commits, so that those released before an error are logged too.
+    released = manager.force_release_many(chosen, reason=reason, by=by, on_released=log)
     done = {info.key for info in released}
     missed = [key for key, _ in chosen if key not in done]
     after = manager.statuses(missed) if missed else {}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager, MongoLockError
+from django_mongolock import LockInfo, LockManager, MongoLockError
 from django_mongolock.testing import MongoReplicaSet
 from tests.commands import Recorder
 
@@ -205,17 +205,38 @@ def test_locks_released_before_a_failed_transaction_stay_released_and_logged(
 ) -> None:
     bulk, _ = failing
     held = [bulk.acquire(f"part/{n:03}", ttl=60, refresh=False) for n in range(LOCKS)]
+    reported: list[LockInfo] = []
     # The first transaction's delete goes through, every later one is refused.
     _fail_deletes(fail_points, "bulk-failing", {"skip": 1}, 2)
     with (
         caplog.at_level(logging.INFO, logger="django_mongolock.manager"),
         pytest.raises(MongoLockError),
     ):
-        bulk.force_release_many([(lock.key, lock.token) for lock in held])
+        bulk.force_release_many(
+            [(lock.key, lock.token) for lock in held], on_released=reported.append
+        )
     first = [lock.key for lock in held[:200]]
+    assert sorted(info.key for info in reported) == first
     assert bulk.statuses(first) == {}
     assert set(bulk.statuses(lock.key for lock in held[200:])) == {lock.key for lock in held[200:]}
     logged = [r.key for r in caplog.records if r.getMessage().startswith("force-released")]  # type: ignore[attr-defined]
     assert sorted(logged) == first
     assert len(bulk.history(first[0])) == 1
     assert bulk.history(held[-1].key) == []
+
+
+def test_only_write_conflicts_split_a_transaction(
+    fail_points: MongoReplicaSet, failing: tuple[LockManager, Recorder]
+) -> None:
+    """Only write conflicts split a transaction: a transient error of another kind on
+    every attempt (as a server out of reach gives) fails the call after those attempts,
+    instead of trying ever smaller parts."""
+    bulk, commands = failing
+    held = [bulk.acquire(f"away/{n}", ttl=60, refresh=False) for n in range(6)]
+    _fail_deletes(fail_points, "bulk-failing", {"times": 5}, 2, "TransientTransactionError")
+    commands.clear()
+    with pytest.raises(MongoLockError):
+        bulk.force_release_many([(lock.key, lock.token) for lock in held])
+    assert commands.named("commitTransaction") == []
+    assert len(commands.named("find")) == 5
+    assert set(bulk.statuses(lock.key for lock in held)) == {lock.key for lock in held}

@@ -134,8 +134,13 @@ def _release_every(locks: Sequence[Lock]) -> tuple[bool, list[tuple[str, MongoLo
         except BaseException:
             # Interrupted (KeyboardInterrupt, SystemExit from a signal handler): the rest
             # are still given up, briefly each, rather than left held and refreshed.
+            # A second interruption ends this too: the exit's own release is left.
             for rest in locks[place + 1 :]:
-                with contextlib.suppress(Exception):
+                try:
                     rest._release_within(LAST_RELEASE_TIME)
+                except MongoLockError as error:
+                    logger.warning(
+                        "could not release %r of an interrupted group: %s", rest.key, error
+                    )
             raise
     return held, errors

@@ -30,6 +30,8 @@ __all__ = ["RecordQueries"]
 
 # How often a force release's transaction runs at most (conflicts, lost replies).
 _TRANSACTION_ATTEMPTS: Final = 5
+# The server's code for a write conflict.
+WRITE_CONFLICT: Final = 112
 # How many locks one transaction of a bulk force release deletes at most.
 FORCE_CHUNK: Final = 200
 _UNAUTHORIZED: Final = 13
@@ -223,9 +225,11 @@ class RecordQueries(StoreBase):
         live locks, a slow server) is split in two, each half in a transaction of its own.
         """
         for start in range(0, len(selection), FORCE_CHUNK):
-            self._force_release_part(
-                dict(selection[start : start + FORCE_CHUNK]), by, reason, committed
-            )
+            # One limit for a chunk, its parts included: each part's own is within it.
+            with self._translate, pymongo.timeout(self.timeout):
+                self._force_release_part(
+                    dict(selection[start : start + FORCE_CHUNK]), by, reason, committed
+                )
 
     def _force_release_part(
         self,
@@ -299,7 +303,7 @@ class RecordQueries(StoreBase):
                     # sent again after a conflict, a lost reply or a dropped connection.
                     with contextlib.suppress(PyMongoError):
                         session.abort_transaction()
-                    if last and splittable and exc.has_error_label("TransientTransactionError"):
+                    if last and splittable and _write_conflict(exc):
                         raise _KeptConflicting from exc
                     if last or not mongo.transaction_retryable(exc):
                         raise
@@ -366,6 +370,12 @@ class RecordQueries(StoreBase):
                     item = IndexAction(item.name, item.description, "updated", item.detail)
                 done.append(item)
         return done
+
+
+def _write_conflict(exc: PyMongoError) -> bool:
+    """A write conflict (another write to one of the documents since the transaction's
+    snapshot), not a server out of reach or out of time: what a split can avoid."""
+    return isinstance(exc, OperationFailure) and exc.code == WRITE_CONFLICT and not exc.timeout
 
 
 class _KeptConflicting(Exception):

@@ -6,6 +6,7 @@ as they are: one bulk write per flush, and the admin's reads of the last hour.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -14,12 +15,10 @@ from datetime import datetime
 from typing import Any
 
 import pymongo
-import pymongo.errors
 from pymongo import ASCENDING
 from pymongo.collection import Collection
 from pymongo.errors import OperationFailure
 
-from django_mongolock.exceptions import MongoLockError
 from django_mongolock.info import IndexAction
 from django_mongolock.queries import stats as queries
 from django_mongolock.queries.indexes import TTLIndex
@@ -97,20 +96,29 @@ class StatsStore(StoreBase):
         """Create the indexes once, with a limit of their own (``INDEX_TIME``), off the
         flush's thread: within a flush's limit (a quarter of the refresher's interval,
         on its thread) a build that waits for a slow member was cut off, and so aborted,
-        every time. A failed creation is tried again a minute later."""
+        every time. A failed creation is tried again a minute later; none is started at
+        interpreter exit (no thread can start then), where the counts go all the same."""
         with self._mutex:
             if self._indexed or self._indexing or time.monotonic() < self._index_retry:
                 return
-            self._indexing = threading.Thread(
-                target=self._build_indexes, name="mongolock-stats-indexes", daemon=True
+            # In a fresh context: not under the flush's own operation limit.
+            building = threading.Thread(
+                target=contextvars.Context().run,
+                args=(self._build_indexes,),
+                name="mongolock-stats-indexes",
+                daemon=True,
             )
-            self._indexing.start()
+            try:
+                building.start()
+            except RuntimeError:  # interpreter shutdown: a later process builds them
+                return
+            self._indexing = building
 
     def _build_indexes(self) -> None:
         try:
             with pymongo.timeout(INDEX_TIME):
                 self.ensure_index()
-        except (MongoLockError, pymongo.errors.PyMongoError) as exc:
+        except Exception as exc:  # a thread of its own: logged, and tried again
             logger.warning("could not create the statistics indexes (again in a minute): %s", exc)
             with self._mutex:
                 self._index_retry = time.monotonic() + INDEX_RETRY
