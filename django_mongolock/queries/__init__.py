@@ -49,8 +49,8 @@ from django_mongolock.queries.inspection import (
     at_tokens,
     counts,
     find,
+    find_many,
     force_release,
-    force_release_many,
     listing,
 )
 from django_mongolock.queries.leases import (
@@ -127,8 +127,8 @@ __all__ = [
     "check_limit",
     "counts",
     "find",
+    "find_many",
     "force_release",
-    "force_release_many",
     "give_up",
     "handing_release",
     "heartbeats",

@@ -22,8 +22,8 @@ __all__ = [
     "at_tokens",
     "counts",
     "find",
+    "find_many",
     "force_release",
-    "force_release_many",
     "listing",
 ]
 
@@ -52,8 +52,8 @@ def force_release(key: str, token: int | None) -> dict[str, Any]:
     return query
 
 
-def force_release_many(keys: Sequence[str]) -> dict[str, Any]:
-    """The locks of ``keys``, whoever holds them (their tokens are checked by the caller)."""
+def find_many(keys: Sequence[str]) -> dict[str, Any]:
+    """The locks of ``keys``, whoever holds them (a force release checks their tokens)."""
     return {"_id": {"$in": list(keys)}, **HELD}
 
 

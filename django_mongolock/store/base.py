@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import OperationFailure
 
-from django_mongolock import mongo
+from django_mongolock import mongo, queries
 
 __all__ = ["StoreBase"]
 
@@ -38,6 +40,19 @@ class StoreBase:
         if hello.get("msg") == "isdbgrid":
             return "sharded"
         return "replica set" if "setName" in hello else "standalone"
+
+    def _held(self, keys: Sequence[str], session: ClientSession | None = None) -> list[Any]:
+        """The documents of ``keys`` with a holder on record, live or expired: one read,
+        all in its first reply (one document a key at most), so no ``getMore``."""
+        return list(
+            self.collection.find(
+                queries.find_many(keys),
+                projection=queries.PROJECTION,
+                session=session,
+                limit=len(keys),
+                batch_size=len(keys),
+            )
+        )
 
     def _side(self, suffix: str) -> Collection[Any]:
         """A collection next to the lock collection (``locks.<suffix>``), used alike."""

@@ -26,15 +26,7 @@ class OperatorQueries(StoreBase):
         if not keys:
             return {}
         with self._translate:
-            docs = list(
-                self.collection.find(
-                    queries.force_release_many(keys),
-                    projection=queries.PROJECTION,
-                    # One document a key at most, all in the first reply: no getMore.
-                    limit=len(keys),
-                    batch_size=len(keys),
-                )
-            )
+            docs = self._held(keys)
         return {doc["_id"]: LockInfo.from_document(doc) for doc in docs}
 
     def scan(

@@ -222,7 +222,8 @@ class RecordQueries(StoreBase):
 
         A holder's refresh of any of the locks between the read and the delete is a write
         conflict that runs the whole transaction again; one that keeps conflicting (many
-        live locks, a slow server) is split in two, each half in a transaction of its own.
+        live locks, a slow server) is split in halves, each in a transaction of its own,
+        and so on down to single locks, all within the chunk's one limit.
         """
         for start in range(0, len(selection), FORCE_CHUNK):
             # One limit for a chunk, its parts included: each part's own is within it.
@@ -243,14 +244,7 @@ class RecordQueries(StoreBase):
             # makes the delete a write conflict, and the whole transaction runs again.
             docs = [
                 doc
-                for doc in self.collection.find(
-                    queries.force_release_many(list(part)),
-                    projection=queries.PROJECTION,
-                    session=session,
-                    # One document a key at most, all in the first reply.
-                    limit=len(part),
-                    batch_size=len(part),
-                )
+                for doc in self._held(list(part), session)
                 if doc.get("token") == part[doc["_id"]]
             ]
             if not docs:
