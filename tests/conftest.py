@@ -114,7 +114,8 @@ def fail_points() -> Iterator[MongoReplicaSet]:
 @pytest.fixture
 def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
     """``hang(app, ms=5000)``: the server holds every write of clients named ``app``
-    (with ``commands``, those commands only)."""
+    (with ``commands``, those commands only). Returns how many commands the fail point
+    held so far (for ``waitForFailPoint``)."""
     admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
 
     def arm(
@@ -122,8 +123,8 @@ def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
         ms: int = 5000,
         times: int | None = None,
         commands: tuple[str, ...] = ("update", "findAndModify"),
-    ) -> None:
-        admin.admin.command(
+    ) -> int:
+        reply = admin.admin.command(
             "configureFailPoint",
             "failCommand",
             mode="alwaysOn" if times is None else {"times": times},
@@ -134,6 +135,7 @@ def hang(fail_points: MongoReplicaSet) -> Iterator[Any]:
                 "appName": app,
             },
         )
+        return int(reply["count"])
 
     yield arm
     admin.admin.command("configureFailPoint", "failCommand", mode="off")

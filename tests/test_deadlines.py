@@ -31,6 +31,7 @@ from django_mongolock import (
     ServerUnavailable,
     clock,
 )
+from django_mongolock import refresher as refreshing
 from django_mongolock.deadlines import Deadlines
 from django_mongolock.notices import EAGER, Notices
 from django_mongolock.recipes.election import Election
@@ -517,6 +518,37 @@ def test_stop_waits_for_a_campaign_under_way(
     finally:
         observer.client.drop_database("stopwait")
         _close(campaigner, observer)
+
+
+def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
+    fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server holds every write 0.7 s; exit comes as a tick starts its three (the
+    exclusive and the shared refresh, the heartbeat: 2.1 s). The lane's stop takes half
+    the exit's 2 s, and the release, with the other half, frees the lock. Waiting for the
+    whole tick would leave it 0.2 s: it would time out, and the lock stay held."""
+    # A refresher of the test's own: the exit stops it for good.
+    monkeypatch.setattr(refreshing, "_refresher", refreshing.Refresher())
+    stuck = _manager(fail_points, "stuckexit", "stuck-lane")
+    observer = _manager(fail_points, "stuckexit", "stuck-observer")
+    server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+    try:
+        # Referenced: kept by the lane.
+        lock = stuck.acquire("stuck-exit", ttl=12)
+        _lease = stuck.acquire("stuck-exit-shared", ttl=12, shared=True)
+        held = hang("stuck-lane", ms=700, commands=("update",))
+        # The lane's first tick (a third of the ttl in) sends its first refresh, held.
+        server_admin.admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
+        )
+        refreshing.shutdown()
+        hang("stuck-lane", ms=0, times=0)
+        assert observer.status("stuck-exit") is None
+        assert not lock.release()  # released already, by the exit
+    finally:
+        server_admin.close()
+        observer.client.drop_database("stuckexit")
+        _close(stuck, observer)
 
 
 def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
