@@ -48,6 +48,7 @@ import errno
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import secrets
@@ -90,6 +91,8 @@ logger = logging.getLogger("django_mongolock.relay")
 
 # How often a leader tells its followers it is alive (and whether its stream is open).
 HEARTBEAT = 1.0
+# The golden ratio's fractional part: consecutive multiples of it spread evenly over 1.
+_GOLDEN = (math.sqrt(5) - 1) / 2
 # A leader silent this long is taken for gone.
 SILENCE = 3.0
 # How long a follower waits for each of a leader's first two words, and a leader for
@@ -308,6 +311,8 @@ class _Member:
     sock: socket.socket
     prefix: str
     key: bytes  # of the HMACs of what it is sent (``seal``)
+    # When its next heartbeat is due (``time.monotonic``), at a phase of its own.
+    due: float = 0.0
     # What the socket buffer would not take yet, sent before anything else.
     backlog: bytearray = field(default_factory=bytearray)
     sent: int = 0  # frames sealed for it so far
@@ -344,7 +349,8 @@ class Leader:
         self._members: list[_Member] = []
         self._newcomers: list[_Newcomer] = []
         self._healthy = False
-        self._beat_at = 0.0
+        self._next_beat = math.inf  # the earliest member's ``due``
+        self._joined = 0
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -386,6 +392,12 @@ class Leader:
             if member is None:
                 waiting.append(newcomer)
             else:
+                # Its heartbeats at a phase of its own, spread over HEARTBEAT by join
+                # order (the golden ratio's steps), whenever the followers joined.
+                self._joined += 1
+                phase = (self._joined * _GOLDEN) % 1.0
+                member.due = time.monotonic() + HEARTBEAT * phase
+                self._next_beat = min(self._next_beat, member.due)
                 self._members.append(member)
         self._newcomers = waiting
 
@@ -446,14 +458,28 @@ class Leader:
     def health(self, healthy: bool) -> None:
         """Tell every follower whether the stream is open (at once, when it changes)."""
         self._healthy = healthy
-        self._beat_at = time.monotonic()
         frame = self._health_frame()
         self._send(lambda member: frame)
 
     def beat(self) -> None:
-        """The heartbeat, when one is due."""
-        if time.monotonic() - self._beat_at >= HEARTBEAT:
-            self.health(self._healthy)
+        """The heartbeat of each follower whose own is due, every ``HEARTBEAT`` at the
+        phase it was given when it joined: all of them at once would wake every waiting
+        process of the host together each second, a burst on its cores in the way of
+        the handoffs."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        frame = self._health_frame()
+
+        def frame_for(member: _Member) -> bytes | None:
+            if now < member.due:
+                return None
+            # The next one a whole number of beats on: its phase stays where it was.
+            member.due = now + HEARTBEAT - (now - member.due) % HEARTBEAT
+            return frame
+
+        self._send(frame_for)
+        self._next_beat = min((member.due for member in self._members), default=math.inf)
 
     def pass_on(self, change: Mapping[str, Any]) -> None:
         """Send ``change`` to the followers it concerns (``queries.changes.reaches``)."""

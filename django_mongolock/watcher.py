@@ -283,7 +283,7 @@ class Watcher:
         (its document was deleted): then it stops leading, and leads again, or follows,
         with the new one. An unreadable secret changes nothing."""
         try:
-            # No heartbeat goes out meanwhile: bounded, and right after one.
+            # No heartbeat goes out meanwhile: bounded, right after the beats then due.
             with pymongo.timeout(SECRET_CHECK_TIMEOUT):
                 secret = self._store_of().relay_secret()
         except (PyMongoError, MongoLockError):
@@ -429,9 +429,10 @@ class Watcher:
                         leader.beat()
                         if clock.now() >= retry_at:
                             retry_at = clock.now() + RELAY_RETRY
-                            # A heartbeat just before: the check may take up to
-                            # ``SECRET_CHECK_TIMEOUT``, and the next one is a second off.
-                            leader.health(True)
+                            # No heartbeat meanwhile: each follower's latest stays
+                            # within HEARTBEAT + LEAD_AWAIT + SECRET_CHECK_TIMEOUT, well
+                            # within SILENCE (not all of them at once before it: they
+                            # keep their phases, see ``relay.Leader.beat``).
                             if self._secret_changed(leader):
                                 return None
                     elif where is not None and clock.now() >= retry_at:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import bson
 import pytest
@@ -539,6 +541,45 @@ def test_a_follower_leaves_a_leader_whose_heartbeats_come_late(manager: LockMana
         joined.close()
     finally:
         fake.close()
+
+
+def test_a_leaders_followers_hear_its_heartbeats_each_at_a_phase_of_its_own(
+    shared: Callable[[], LockManager],
+) -> None:
+    """Each of 20 followers hears a heartbeat every ``HEARTBEAT``, but not all at once:
+    in no tenth of a second do more than a third of them (200 processes woken together
+    each second held up the handoffs of a busy key on a host's few cores)."""
+    leading, leader, where = _a_leader(shared)
+    secret = leading.store.relay_secret()
+    count = 20
+    with ThreadPoolExecutor(count) as pool:
+        socks = [sock for sock, _ in pool.map(lambda _: join(where.address, secret), range(count))]
+    heard: dict[int, list[float]] = {n: [] for n in range(count)}
+    try:
+        assert len(leader) == count
+        with selectors.DefaultSelector() as selector:
+            for n, sock in enumerate(socks):
+                selector.register(sock, selectors.EVENT_READ, n)
+            end = time.monotonic() + 4 * relay.HEARTBEAT
+            while (left := end - time.monotonic()) > 0:
+                for ready, _ in selector.select(left):
+                    frame = frame_of(cast(socket.socket, ready.fileobj), sealed=True)
+                    if bson.decode(frame[: -relay.MAC_BYTES])["t"] == "h":
+                        heard[ready.data].append(time.monotonic())
+    finally:
+        for sock in socks:
+            sock.close()
+    for times in heard.values():
+        # Every beat, late by a pass of the leader's loop at most (``LEAD_AWAIT``).
+        assert len(times) >= 3, heard
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert max(gaps) < relay.HEARTBEAT + 0.5, gaps
+    beats = sorted((t, n) for n, times in heard.items() for t in times)
+    crowded = max(
+        len({n for t, n in beats if start <= t < start + 0.1 * relay.HEARTBEAT})
+        for start, _ in beats
+    )
+    assert crowded <= count // 3, beats
 
 
 def test_a_leaders_proof_is_not_a_followers_and_a_sessions_frames_fit_no_other(
