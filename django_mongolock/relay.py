@@ -351,6 +351,7 @@ class Leader:
         self._healthy = False
         self._next_beat = math.inf  # the earliest member's ``due``
         self._joined = 0
+        self._origin = time.monotonic()  # of the members' phases
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -393,10 +394,12 @@ class Leader:
                 waiting.append(newcomer)
             else:
                 # Its heartbeats at a phase of its own, spread over HEARTBEAT by join
-                # order (the golden ratio's steps), whenever the followers joined.
+                # order (the golden ratio's steps) from one origin, whenever the
+                # followers joined; the first within HEARTBEAT of its first word.
                 self._joined += 1
-                phase = (self._joined * _GOLDEN) % 1.0
-                member.due = time.monotonic() + HEARTBEAT * phase
+                slot = self._origin + HEARTBEAT * ((self._joined * _GOLDEN) % 1.0)
+                now = time.monotonic()
+                member.due = now + (slot - now) % HEARTBEAT
                 self._next_beat = min(self._next_beat, member.due)
                 self._members.append(member)
         self._newcomers = waiting

@@ -429,12 +429,12 @@ class Watcher:
                         leader.beat()
                         if clock.now() >= retry_at:
                             retry_at = clock.now() + RELAY_RETRY
-                            # No heartbeat meanwhile: each follower's latest stays
-                            # within HEARTBEAT + LEAD_AWAIT + SECRET_CHECK_TIMEOUT, well
-                            # within SILENCE (not all of them at once before it: they
+                            # No heartbeat meanwhile, so the beats due by its end go
+                            # right after it (not all of them at once before it: they
                             # keep their phases, see ``relay.Leader.beat``).
                             if self._secret_changed(leader):
                                 return None
+                            leader.beat()
                     elif where is not None and clock.now() >= retry_at:
                         retry_at = clock.now() + RELAY_RETRY
                         where = self._relay_place()
