@@ -342,13 +342,14 @@ class Lane:
 
     def _campaign(self, until: float) -> None:
         """One campaign for each of the lane's elections that does not lead, starting none
-        after ``until`` (but the first) or once the lane stops: the rest go first on the
-        next tick, and one added meanwhile before them. Each such campaign is an acquire,
-        a write: a thousand of them at 2 ms each made the next refresh two seconds late,
-        past the end of a 3 s lease."""
+        after ``until`` (but the first): the rest go first on the next tick, and one added
+        meanwhile before them. Each such campaign is an acquire, a write: a thousand of
+        them at 2 ms each made the next refresh two seconds late, past the end of a 3 s
+        lease. None once the lane stops, not even the first: at exit, a lease won after
+        the releases would stay held, unrefreshed, until its ttl ran out."""
         done: set[Campaign] = set()
         while True:
-            if done and (self._stopping or clock.now() >= until):
+            if self._stopping or (done and clock.now() >= until):
                 return
             with self._cond:
                 # Each one campaigned goes to the back: one found in front again means

@@ -551,6 +551,47 @@ def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
         _close(stuck, observer)
 
 
+def test_a_lane_stuck_at_exit_starts_no_campaign_after_the_releases(
+    fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server holds the lane's writes 0.7 s as exit comes; the election's key is
+    freed meanwhile. The tick under way goes on after the exit's releases: a campaign
+    then would win a lease nobody refreshes or releases, held until its ttl runs out."""
+    monkeypatch.setattr(refreshing, "_refresher", refreshing.Refresher())
+    stuck = _manager(fail_points, "stuckcampaign", "stuck-campaigner")
+    other = _manager(fail_points, "stuckcampaign", "stuck-other")
+    server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+    election: Election | None = None
+    try:
+        blocker = other.acquire("stuck-elected", ttl=30)
+        # Referenced: kept by the lane, whose ticks then refresh it, then campaign.
+        kept = stuck.acquire("stuck-kept", ttl=12)
+        election = stuck.elect("stuck-elected", ttl=12)
+        # Refreshes and heartbeats are held; an acquire (findAndModify) is not.
+        held = hang("stuck-campaigner", ms=700, commands=("update",))
+        server_admin.admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
+        )
+        assert blocker.release()
+        refreshing.shutdown()
+        lanes = list(refreshing.get_refresher()._lanes.values())
+        for lane in lanes:
+            lane.join(10)
+        assert not any(lane._thread and lane._thread.is_alive() for lane in lanes)
+        hang("stuck-campaigner", ms=0, times=0)
+        assert other.status("stuck-kept") is None
+        assert not kept.release()  # released already, by the exit
+        status = other.status("stuck-elected")
+        assert status is None or not status.live, status
+        assert not election.is_leader
+    finally:
+        if election is not None:
+            election.stop()
+        server_admin.close()
+        other.client.drop_database("stuckcampaign")
+        _close(stuck, other)
+
+
 def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(
     fail_points: MongoReplicaSet, hang: Any
 ) -> None:
