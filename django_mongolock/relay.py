@@ -120,6 +120,12 @@ MAC_BYTES = 32
 _open: weakref.WeakSet[socket.socket] = weakref.WeakSet()
 
 
+def _next_beat_after(now: float, phase: float) -> float:
+    """The first time after ``now`` that lies a whole number of ``HEARTBEAT`` from
+    ``phase``: a follower's beats keep their phase however late the loop comes round."""
+    return now + HEARTBEAT - (now - phase) % HEARTBEAT
+
+
 def _tracked(sock: socket.socket) -> socket.socket:
     _open.add(sock)
     return sock
@@ -397,9 +403,8 @@ class Leader:
                 # order (the golden ratio's steps) from one origin, whenever the
                 # followers joined; the first within HEARTBEAT of its first word.
                 self._joined += 1
-                slot = self._origin + HEARTBEAT * ((self._joined * _GOLDEN) % 1.0)
-                now = time.monotonic()
-                member.due = now + (slot - now) % HEARTBEAT
+                phase = self._origin + HEARTBEAT * ((self._joined * _GOLDEN) % 1.0)
+                member.due = _next_beat_after(time.monotonic(), phase)
                 self._next_beat = min(self._next_beat, member.due)
                 self._members.append(member)
         self._newcomers = waiting
@@ -478,7 +483,7 @@ class Leader:
             if now < member.due:
                 return None
             # The next one a whole number of beats on: its phase stays where it was.
-            member.due = now + HEARTBEAT - (now - member.due) % HEARTBEAT
+            member.due = _next_beat_after(now, member.due)
             return frame
 
         self._send(frame_for)
