@@ -63,6 +63,11 @@ class Refresher:
         return any(lane.running for lane in self._lanes_now())
 
     @property
+    def stopping(self) -> bool:
+        """Stopped for good (interpreter exit): a lock won from now on is not kept."""
+        return self._stopping
+
+    @property
     def ticks(self) -> int:
         """Ticks of all lanes so far (ended lanes included)."""
         return self._ended_ticks + sum(lane.ticks for lane in self._lanes_now())

@@ -520,6 +520,48 @@ def test_stop_waits_for_a_campaign_under_way(
         _close(campaigner, observer)
 
 
+@contextlib.contextmanager
+def _at_exit(
+    fail_points: MongoReplicaSet, monkeypatch: pytest.MonkeyPatch, database: str, app: str
+) -> Iterator[tuple[LockManager, LockManager, Callable[[int], None]]]:
+    """A refresher of the test's own (the exit stops it for good); a manager named
+    ``app``, whose commands the test has the server hold, and another; and a wait for
+    the server to hold one more command than the ``held`` it is given."""
+    monkeypatch.setattr(refreshing, "_refresher", refreshing.Refresher())
+    stuck = _manager(fail_points, database, app)
+    other = _manager(fail_points, database, f"{app}-other")
+    server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+
+    def entered(held: int) -> None:
+        server_admin.admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
+        )
+
+    try:
+        yield stuck, other, entered
+    finally:
+        server_admin.close()
+        other.client.drop_database(database)
+        _close(stuck, other)
+
+
+def _exit(hang: Any, app: str) -> None:
+    """The interpreter's exit hook; then a bounded wait for its lanes' threads to end,
+    and the server holds ``app``'s commands no more."""
+    refreshing.shutdown()
+    lanes = list(refreshing.get_refresher()._lanes.values())
+    for lane in lanes:
+        lane.join(10)
+    assert not any(lane._thread and lane._thread.is_alive() for lane in lanes)
+    hang(app, ms=0, times=0)
+
+
+def _assert_not_led(observer: LockManager, election: Election) -> None:
+    status = observer.status(election.key)
+    assert status is None or not status.live, status
+    assert not election.is_leader
+
+
 def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
     fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -527,28 +569,15 @@ def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
     exclusive and the shared refresh, the heartbeat: 2.1 s). The lane's stop takes half
     the exit's 2 s, and the release, with the other half, frees the lock. Waiting for the
     whole tick would leave it 0.2 s: it would time out, and the lock stay held."""
-    # A refresher of the test's own: the exit stops it for good.
-    monkeypatch.setattr(refreshing, "_refresher", refreshing.Refresher())
-    stuck = _manager(fail_points, "stuckexit", "stuck-lane")
-    observer = _manager(fail_points, "stuckexit", "stuck-observer")
-    server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
-    try:
+    with _at_exit(fail_points, monkeypatch, "stuckexit", "stuck-lane") as (stuck, other, entered):
         # Referenced: kept by the lane.
         lock = stuck.acquire("stuck-exit", ttl=12)
         _lease = stuck.acquire("stuck-exit-shared", ttl=12, shared=True)
-        held = hang("stuck-lane", ms=700, commands=("update",))
         # The lane's first tick (a third of the ttl in) sends its first refresh, held.
-        server_admin.admin.command(
-            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
-        )
-        refreshing.shutdown()
-        hang("stuck-lane", ms=0, times=0)
-        assert observer.status("stuck-exit") is None
+        entered(hang("stuck-lane", ms=700, commands=("update",)))
+        _exit(hang, "stuck-lane")
+        assert other.status("stuck-exit") is None
         assert not lock.release()  # released already, by the exit
-    finally:
-        server_admin.close()
-        observer.client.drop_database("stuckexit")
-        _close(stuck, observer)
 
 
 def test_a_lane_stuck_at_exit_starts_no_campaign_after_the_releases(
@@ -557,39 +586,44 @@ def test_a_lane_stuck_at_exit_starts_no_campaign_after_the_releases(
     """The server holds the lane's writes 0.7 s as exit comes; the election's key is
     freed meanwhile. The tick under way goes on after the exit's releases: a campaign
     then would win a lease nobody refreshes or releases, held until its ttl runs out."""
-    monkeypatch.setattr(refreshing, "_refresher", refreshing.Refresher())
-    stuck = _manager(fail_points, "stuckcampaign", "stuck-campaigner")
-    other = _manager(fail_points, "stuckcampaign", "stuck-other")
-    server_admin: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
-    election: Election | None = None
-    try:
+    app = "stuck-campaigner"
+    with _at_exit(fail_points, monkeypatch, "stuckcampaign", app) as (stuck, other, entered):
         blocker = other.acquire("stuck-elected", ttl=30)
         # Referenced: kept by the lane, whose ticks then refresh it, then campaign.
         kept = stuck.acquire("stuck-kept", ttl=12)
         election = stuck.elect("stuck-elected", ttl=12)
-        # Refreshes and heartbeats are held; an acquire (findAndModify) is not.
-        held = hang("stuck-campaigner", ms=700, commands=("update",))
-        server_admin.admin.command(
-            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
-        )
-        assert blocker.release()
-        refreshing.shutdown()
-        lanes = list(refreshing.get_refresher()._lanes.values())
-        for lane in lanes:
-            lane.join(10)
-        assert not any(lane._thread and lane._thread.is_alive() for lane in lanes)
-        hang("stuck-campaigner", ms=0, times=0)
-        assert other.status("stuck-kept") is None
-        assert not kept.release()  # released already, by the exit
-        status = other.status("stuck-elected")
-        assert status is None or not status.live, status
-        assert not election.is_leader
-    finally:
-        if election is not None:
+        try:
+            # Refreshes and heartbeats are held; an acquire (findAndModify) is not.
+            entered(hang(app, ms=700, commands=("update",)))
+            assert blocker.release()
+            _exit(hang, app)
+            assert other.status("stuck-kept") is None
+            assert not kept.release()  # released already, by the exit
+            _assert_not_led(other, election)
+        finally:
             election.stop()
-        server_admin.close()
-        other.client.drop_database("stuckcampaign")
-        _close(stuck, other)
+
+
+def test_a_campaign_under_way_at_exit_gives_back_what_it_wins(
+    fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server holds the campaign's acquire 1.2 s, past the exit's 1 s wait for the
+    lane, and the key is free by then: the lease it wins is given back, not left held,
+    unrefreshed, until its ttl runs out (no lane of a stopped refresher keeps it)."""
+    app = "late-campaigner"
+    with _at_exit(fail_points, monkeypatch, "latecampaign", app) as (stuck, other, entered):
+        blocker = other.acquire("late-elected", ttl=30)
+        election = stuck.elect("late-elected", ttl=6)
+        try:
+            # A campaign the server takes before this finds the key held; the first it
+            # holds (from the next tick on, every 2 s) finds it free.
+            held = hang(app, ms=1200, commands=("findAndModify",))
+            assert blocker.release()
+            entered(held)
+            _exit(hang, app)
+            _assert_not_led(other, election)
+        finally:
+            election.stop()
 
 
 def test_an_acquire_answered_late_is_bounded_again_by_a_refresh(

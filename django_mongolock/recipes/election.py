@@ -153,7 +153,9 @@ class Election:
             logger.warning("campaign for %r failed: %s", self.key, exc)
             return
         with self._mutex:
-            stopped = not self._active.is_set()  # stopped while this attempt ran
+            # Stopped while this attempt ran, or the process is exiting: the exit's
+            # releases may have run already, and no lane would keep this lease.
+            stopped = not self._active.is_set() or get_refresher().stopping
             if not stopped:
                 self._lock = lock
                 self.terms += 1
