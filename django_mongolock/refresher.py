@@ -113,10 +113,14 @@ class Refresher:
         with self._mutex:
             self._stopping = True
             lanes = list(self._lanes.values())
-        deadline = clock.now() + timeout
         for lane in lanes:
             lane.stop()
-        for lane in lanes:
+        self.join(timeout)
+
+    def join(self, timeout: float) -> None:
+        """Wait (bounded) for the lanes' threads to end."""
+        deadline = clock.now() + timeout
+        for lane in self._lanes_now():
             lane.join(max(0.0, deadline - clock.now()))
 
     def tick(self) -> None:
@@ -214,6 +218,10 @@ def shutdown() -> None:
     deadline = clock.now() + EXIT_TIMEOUT
     refresher.stop(EXIT_TIMEOUT / 2)
     refresher.release_all(max(LAST_WRITE_TIME, deadline - clock.now()))
+    # A lane still in its tick gets what is left: an election's campaign that wins
+    # meanwhile gives its key back (``Election._campaign``) before the process ends and
+    # its daemon threads with it.
+    refresher.join(max(0.0, deadline - clock.now()))
 
 
 def install() -> None:

@@ -545,15 +545,17 @@ def _at_exit(
         _close(stuck, other)
 
 
-def _exit(hang: Any, app: str) -> None:
-    """The interpreter's exit hook; then a bounded wait for its lanes' threads to end,
-    and the server holds ``app``'s commands no more."""
+def _exit(hang: Any, app: str, *, wait: bool) -> None:
+    """The interpreter's exit hook; with ``wait``, a bounded wait for its lanes' threads
+    after it (the process would have ended then). The server holds ``app``'s commands no
+    more; every lane's thread has ended."""
     refreshing.shutdown()
     lanes = list(refreshing.get_refresher()._lanes.values())
     for lane in lanes:
-        lane.join(10)
-    assert not any(lane._thread and lane._thread.is_alive() for lane in lanes)
+        lane.join(10 if wait else 0)
+    alive = [lane for lane in lanes if lane._thread and lane._thread.is_alive()]
     hang(app, ms=0, times=0)
+    assert not alive
 
 
 def _assert_not_led(observer: LockManager, election: Election) -> None:
@@ -575,7 +577,7 @@ def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
         _lease = stuck.acquire("stuck-exit-shared", ttl=12, shared=True)
         # The lane's first tick (a third of the ttl in) sends its first refresh, held.
         entered(hang("stuck-lane", ms=700, commands=("update",)))
-        _exit(hang, "stuck-lane")
+        _exit(hang, "stuck-lane", wait=True)
         assert other.status("stuck-exit") is None
         assert not lock.release()  # released already, by the exit
 
@@ -596,7 +598,7 @@ def test_a_lane_stuck_at_exit_starts_no_campaign_after_the_releases(
             # Refreshes and heartbeats are held; an acquire (findAndModify) is not.
             entered(hang(app, ms=700, commands=("update",)))
             assert blocker.release()
-            _exit(hang, app)
+            _exit(hang, app, wait=True)
             assert other.status("stuck-kept") is None
             assert not kept.release()  # released already, by the exit
             _assert_not_led(other, election)
@@ -608,19 +610,22 @@ def test_a_campaign_under_way_at_exit_gives_back_what_it_wins(
     fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server holds the campaign's acquire 1.2 s, past the exit's 1 s wait for the
-    lane, and the key is free by then: the lease it wins is given back, not left held,
-    unrefreshed, until its ttl runs out (no lane of a stopped refresher keeps it)."""
+    lane, and the key is free by then. The exit waits for the lane with the rest of its
+    2 s, and the lease the campaign wins is given back before the process would end,
+    not left held, unrefreshed, until its ttl runs out (no lane of a stopped refresher
+    keeps it)."""
     app = "late-campaigner"
     with _at_exit(fail_points, monkeypatch, "latecampaign", app) as (stuck, other, entered):
         blocker = other.acquire("late-elected", ttl=30)
         election = stuck.elect("late-elected", ttl=6)
         try:
-            # A campaign the server takes before this finds the key held; the first it
-            # holds (from the next tick on, every 2 s) finds it free.
-            held = hang(app, ms=1200, commands=("findAndModify",))
+            # A campaign the server takes before this finds the key held; the one it
+            # holds (the first, or the next tick's 2 s on) finds it free. Only that
+            # one: the give-back, a findAndModify too, goes at once.
+            held = hang(app, ms=1200, times=1, commands=("findAndModify",))
             assert blocker.release()
             entered(held)
-            _exit(hang, app)
+            _exit(hang, app, wait=False)
             _assert_not_led(other, election)
         finally:
             election.stop()
