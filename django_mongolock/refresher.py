@@ -118,7 +118,8 @@ class Refresher:
         self.join(timeout)
 
     def join(self, timeout: float) -> None:
-        """Wait (bounded) for the lanes' threads to end."""
+        """Wait (bounded) for the lanes' threads to end, once ``stop`` told them to (a
+        running lane's thread waits out the whole ``timeout``)."""
         deadline = clock.now() + timeout
         for lane in self._lanes_now():
             lane.join(max(0.0, deadline - clock.now()))

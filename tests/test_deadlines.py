@@ -37,7 +37,7 @@ from django_mongolock.notices import EAGER, Notices
 from django_mongolock.recipes.election import Election
 from django_mongolock.recipes.group import LockGroup
 from django_mongolock.refresher import get_refresher
-from django_mongolock.signals import lock_lost
+from django_mongolock.signals import lock_lost, lock_released
 from django_mongolock.testing import MongoReplicaSet
 from tests.utils import NamedManager
 from tests.validators import refusing
@@ -478,8 +478,6 @@ def test_a_blocking_lock_acquired_receiver_does_not_stall_the_refresher(
 def test_a_failing_lock_released_receiver_does_not_break_release(
     manager: LockManager,
 ) -> None:
-    from django_mongolock.signals import lock_released
-
     def fails(sender: Any, lock: Lock, **kwargs: Any) -> None:
         sys.exit(5)
 
@@ -549,8 +547,9 @@ def _exit(hang: Any, app: str, *, wait: bool) -> None:
     """The interpreter's exit hook; with ``wait``, a bounded wait for its lanes' threads
     after it (the process would have ended then). The server holds ``app``'s commands no
     more; every lane's thread has ended."""
-    refreshing.shutdown()
     lanes = list(refreshing.get_refresher()._lanes.values())
+    assert lanes
+    refreshing.shutdown()
     for lane in lanes:
         lane.join(10 if wait else 0)
     alive = [lane for lane in lanes if lane._thread and lane._thread.is_alive()]
@@ -616,8 +615,15 @@ def test_a_campaign_under_way_at_exit_gives_back_what_it_wins(
     keeps it)."""
     app = "late-campaigner"
     with _at_exit(fail_points, monkeypatch, "latecampaign", app) as (stuck, other, entered):
+        given_back: list[int] = []
+
+        def gives_back(sender: Any, lock: Lock, **kwargs: Any) -> None:
+            if lock.key == "late-elected":
+                given_back.append(int(lock.token))
+
         blocker = other.acquire("late-elected", ttl=30)
         election = stuck.elect("late-elected", ttl=6)
+        lock_released.connect(gives_back, weak=False)
         try:
             # A campaign the server takes before this finds the key held; the one it
             # holds (the first, or the next tick's 2 s on) finds it free. Only that
@@ -627,7 +633,10 @@ def test_a_campaign_under_way_at_exit_gives_back_what_it_wins(
             entered(held)
             _exit(hang, app, wait=False)
             _assert_not_led(other, election)
+            # It did win, and gave the key back: the lease of a token of its own.
+            assert any(token != int(blocker.token) for token in given_back), given_back
         finally:
+            lock_released.disconnect(gives_back)
             election.stop()
 
 
