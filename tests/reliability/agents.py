@@ -2,7 +2,9 @@
 
 Each agent is a real process with its own pymongo client, refresher and watcher, so a test
 can kill it (SIGKILL), freeze it (SIGSTOP) or run it under libfaketime. Agents talk JSON
-lines: ``rpc`` answers one command per stdin line (and reports lost locks as they happen);
+lines: ``rpc`` answers one command per stdin line (and reports lost locks as they happen,
+and, once it campaigns, the locks it releases); ``leave`` ends it without closing its
+manager, so that the interpreter's exit hook does what is left;
 ``contender`` and ``counter`` run a workload until told to stop, reporting every operation.
 With ``shared_stream`` in its config, an agent's manager shares one change stream with the
 other agents of the host (``SHARED_STREAM``). Times are ``clock.now()`` (CLOCK_BOOTTIME, the
@@ -46,6 +48,7 @@ from pymongo import MongoClient  # noqa: E402
 from pymongo.errors import PyMongoError  # noqa: E402
 
 from django_mongolock import (  # noqa: E402
+    Election,
     Lock,
     LockManager,
     LockNotAcquired,
@@ -53,7 +56,9 @@ from django_mongolock import (  # noqa: E402
     clock,
     events,
 )
+from django_mongolock.connection import client_options  # noqa: E402
 from django_mongolock.refresher import get_refresher  # noqa: E402
+from django_mongolock.signals import lock_released  # noqa: E402
 from tests.reliability.fenced import FencedResource  # noqa: E402
 from tests.waiting import count_attempts, stream_open  # noqa: E402
 
@@ -99,6 +104,11 @@ def _client(config: dict[str, Any]) -> MongoClient[dict[str, Any]]:
 
 
 def _manager(config: dict[str, Any]) -> LockManager:
+    if "app" in config:  # a client named so, whose commands a fail point can pick out
+        options = {**client_options(config["sst"]), "appname": config["app"]}
+        return LockManager(
+            client=MongoClient(config["url"], **options), database=config["database"]
+        )
     return LockManager(
         config["url"],
         database=config["database"],
@@ -129,6 +139,7 @@ class Rpc:
         self.resource = FencedResource(self.client[config["database"]][RESOURCE])
         self.locks: dict[str, Lock] = {}
         self.lost_at: dict[str, float] = {}
+        self.elections: dict[str, Election] = {}
 
     def close(self) -> None:
         self.manager.close()
@@ -272,6 +283,18 @@ class Rpc:
         stream_open(self.manager, timeout)
         return {"role": _role(self.manager)}
 
+    def elect(self, name: str, key: str, ttl: float) -> dict[str, Any]:
+        """Campaign for ``key`` in the background; from now on every lock this process
+        releases is reported (``released``), those given back at exit among them."""
+        if not self.elections:
+            lock_released.connect(self._released, weak=False)
+        election = self.manager.elect(key, ttl=ttl)
+        self.elections[name] = election
+        return {"leader": election.is_leader}
+
+    def _released(self, sender: Any, lock: Lock, **kwargs: Any) -> None:
+        self.out.emit({"event": "released", "key": lock.key, "token": lock.token, "at": now()})
+
     def refresher(self) -> dict[str, Any]:
         refresher = get_refresher()
         return {"running": refresher.running, "ticks": refresher.ticks, "held": len(refresher)}
@@ -292,18 +315,21 @@ def run_rpc(config: dict[str, Any], out: Output) -> int:
 
 
 def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
-    """Run the test's commands on ``rpc``, one JSON line each on stdin, until ``exit``.
+    """Run the test's commands on ``rpc``, one JSON line each on stdin, until ``exit`` (or
+    ``leave``, which does not close ``rpc``: the interpreter's exit does).
 
     A command's error ends the agent (the test sees it crash), or with ``report_errors`` is
     sent back as the reply, for tests that expect some commands to fail.
     """
     out.emit({"event": "ready", "pid": os.getpid()})
+    close = True
     try:
         for line in sys.stdin:
             request = json.loads(line)
             op = request.pop("op")
             seq = request.pop("seq")
-            if op == "exit":
+            if op in ("exit", "leave"):
+                close = op == "exit"
                 out.emit({"reply": seq})
                 break
             try:
@@ -314,7 +340,8 @@ def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
                 reply = {"ok": False, **_error(exc), "traceback": traceback.format_exc()}
             out.emit({"reply": seq, **reply})
     finally:
-        rpc.close()
+        if close:
+            rpc.close()
     return 0
 
 

@@ -1,0 +1,74 @@
+"""A process that ends normally while its election campaigns: the key is not left held."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import LockManager
+from django_mongolock.testing import MongoReplicaSet
+from tests.reliability.conftest import Spawn, agent_config
+
+KEY = "exit-elected"
+APP = "exit-campaigner"
+
+
+@pytest.fixture
+def admin(fail_points: MongoReplicaSet) -> Iterator[MongoClient[dict[str, Any]]]:
+    client: MongoClient[dict[str, Any]] = MongoClient(fail_points.nodes[0].direct_url)
+    yield client
+    client.drop_database("exitcampaign")
+    client.close()
+
+
+def _settled(admin: MongoClient[dict[str, Any]], app: str, within: float) -> None:
+    """Wait until the server runs no command of clients named ``app``: a command it held
+    for a process that has ended since still writes when the hold is over."""
+    deadline = time.monotonic() + within
+    while list(admin.admin.aggregate([{"$currentOp": {}}, {"$match": {"appName": app}}])):
+        assert time.monotonic() < deadline, f"{app}'s commands still run after {within:g}s"
+        time.sleep(0.05)
+
+
+def test_a_campaign_held_at_exit_leaves_the_key_free_once_the_process_ended(
+    fail_points: MongoReplicaSet,
+    admin: MongoClient[dict[str, Any]],
+    hang: Any,
+    spawn: Spawn,
+) -> None:
+    """A real process campaigns for a key another holds. The server holds its next
+    campaign 1.6 s: past the exit's 1 s wait for the refresher's lane and the releases
+    after it, within the exit's 2 s. The key is freed meanwhile, so that campaign wins,
+    and the process leaves normally (the interpreter's exit hook, not a close). Before
+    the process ends, the lease it won is given back: once it has ended and the server
+    runs none of its commands, the key is free, not held for the election's ttl by a
+    process that no longer exists."""
+    observer = LockManager(fail_points.url, database="exitcampaign")
+    try:
+        blocker = observer.acquire(KEY, ttl=30)
+        config = agent_config(fail_points, "exitcampaign", app=APP)
+        agent = spawn("rpc", config, name="campaigner")
+        agent.event("ready", 30)
+        assert agent.call("elect", name="lead", key=KEY, ttl=6.0)["leader"] is False
+        # The first findAndModify of the agent's from now on: a campaign (its heartbeats
+        # and refreshes are updates), which the key's release below lets win.
+        held = hang(APP, ms=1600, times=1, commands=("findAndModify",))
+        assert blocker.release()
+        admin.admin.command(
+            "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
+        )
+        assert agent.finish(command='{"op": "leave", "seq": 0}') == 0
+        _settled(admin, APP, within=10)
+        status = observer.status(KEY)
+        assert status is None or not status.live, status
+        # The held campaign did win, and the exit gave back a lease of its own.
+        given_back = [e["token"] for e in agent.events("released") if e["key"] == KEY]
+        assert given_back, agent.messages
+        assert all(token > blocker.token for token in given_back), given_back
+    finally:
+        hang(APP, ms=0, times=0)
+        observer.close()
