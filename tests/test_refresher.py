@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from django_mongolock import Lock, LockManager, MongoLockError, clock
+from django_mongolock import refresher as refreshing
 from django_mongolock.info import Holder, LockInfo, process_of
 from django_mongolock.queries import ENDED_KEEP
 from django_mongolock.refresher import Refresher, get_refresher
@@ -301,6 +302,26 @@ def test_normal_exit_releases_held_locks(manager: LockManager, mongolock_url: st
     process = _holder(mongolock_url, manager.database, "leaver", 30, "exit")
     assert process.wait(timeout=30) == 0
     assert manager.status("leaver") is None
+
+
+def test_a_lock_taken_once_the_exit_has_begun_is_the_callers_to_release(
+    manager: LockManager, other: LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exit hook that runs after the package's own (or a daemon thread) may still take
+    a lock: it is held, but no lane keeps it, and its release is the caller's."""
+    monkeypatch.setattr(refreshing, "_refresher", Refresher())
+    refreshing.shutdown()
+    late = manager.acquire("late-at-exit", ttl=30)
+    try:
+        assert get_refresher().stopping
+        assert get_refresher().held() == []
+        assert late.valid
+        status = other.status("late-at-exit")
+        assert status is not None
+        assert status.owner == late.owner
+    finally:
+        assert late.release()
+    assert other.status("late-at-exit") is None
 
 
 def test_normal_exit_releases_shared_leases_and_permits_in_one_write(
