@@ -147,12 +147,6 @@ class Lane:
         return self._thread is not None and self._thread.is_alive()
 
     @property
-    def campaigning(self) -> bool:
-        """Whether elections campaign on this lane's ticks."""
-        with self._cond:
-            return bool(self._elections)
-
-    @property
     def batch(self) -> _Batch | None:
         """What the last tick sent for the leases, kept while none came or went: for
         inspection (read-only)."""

@@ -117,14 +117,12 @@ class Refresher:
             lane.stop()
         self.join(timeout)
 
-    def join(self, timeout: float, *, campaigning: bool = False) -> None:
+    def join(self, timeout: float) -> None:
         """Wait (bounded) for the lanes' threads to end, once ``stop`` told them to (a
-        running lane's thread waits out the whole ``timeout``); with ``campaigning``, only
-        for the lanes that run elections."""
+        running lane's thread waits out the whole ``timeout``)."""
         deadline = clock.now() + timeout
         for lane in self._lanes_now():
-            if lane.campaigning or not campaigning:
-                lane.join(max(0.0, deadline - clock.now()))
+            lane.join(max(0.0, deadline - clock.now()))
 
     def tick(self) -> None:
         """Run one tick of every lane in the calling thread (benchmarks, tests)."""
@@ -221,12 +219,12 @@ def shutdown() -> None:
     deadline = clock.now() + EXIT_TIMEOUT
     refresher.stop(EXIT_TIMEOUT / 2)
     refresher.release_all(max(LAST_WRITE_TIME, deadline - clock.now()))
-    # A lane still in its tick with elections gets what is left: a campaign that wins
-    # meanwhile gives its key back (``Election._campaign``) before the process ends and
-    # its daemon threads with it. Nothing else a lane still sends matters once the
-    # releases are done (a refresh of a released lease changes nothing): the process
-    # need not wait for it.
-    refresher.join(max(0.0, deadline - clock.now()), campaigning=True)
+    # A lane still in its tick gets what is left, so that what it gives back comes
+    # before the process ends, and its daemon threads with it: the key of an election's
+    # campaign that wins meanwhile (``Election._campaign``), and a lease that ran out
+    # here while its refresh was held (the releases skip it) but that the server then
+    # extended.
+    refresher.join(max(0.0, deadline - clock.now()))
 
 
 def install() -> None:

@@ -581,28 +581,6 @@ def test_exit_leaves_the_releases_half_its_time_when_a_lane_is_stuck(
         assert not lock.release()  # released already, by the exit
 
 
-def test_exit_waits_for_no_lane_without_elections(
-    fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The server holds the lane's refresh 1.7 s as exit comes, and no election
-    campaigns on the lane: once the releases are done the exit returns, without waiting
-    out the rest of its 2 s for the lane (a refresh answered after the releases changes
-    nothing), so that the process ends at once."""
-    app = "quick-exit"
-    with _at_exit(fail_points, monkeypatch, "quickexit", app) as (stuck, other, entered):
-        lock = stuck.acquire("quick-exit", ttl=12)  # referenced: kept by the lane
-        # Only the refresh: the release at exit goes at once.
-        entered(hang(app, ms=1700, times=1, commands=("update",)))
-        lanes = list(refreshing.get_refresher()._lanes.values())
-        refreshing.shutdown()
-        assert [lane.running for lane in lanes] == [True]  # its refresh is still held
-        assert other.status("quick-exit") is None
-        assert not lock.release()  # released already, by the exit
-        for lane in lanes:
-            lane.join(10)
-        assert not any(lane.running for lane in lanes)
-
-
 def test_a_lane_stuck_at_exit_starts_no_campaign_after_the_releases(
     fail_points: MongoReplicaSet, hang: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
