@@ -56,10 +56,10 @@ from django_mongolock import (  # noqa: E402
     clock,
     events,
 )
-from django_mongolock.connection import client_options  # noqa: E402
 from django_mongolock.refresher import get_refresher  # noqa: E402
 from django_mongolock.signals import lock_released  # noqa: E402
 from tests.reliability.fenced import FencedResource  # noqa: E402
+from tests.utils import NamedManager  # noqa: E402
 from tests.waiting import count_attempts, stream_open  # noqa: E402
 
 __all__ = ["RESOURCE", "main"]
@@ -104,18 +104,15 @@ def _client(config: dict[str, Any]) -> MongoClient[dict[str, Any]]:
 
 
 def _manager(config: dict[str, Any]) -> LockManager:
-    if "app" in config:  # a client named so, whose commands a fail point can pick out
-        options = {**client_options(config["sst"]), "appname": config["app"]}
-        return LockManager(
-            client=MongoClient(config["url"], **options), database=config["database"]
-        )
-    return LockManager(
-        config["url"],
-        database=config["database"],
-        ttl=config.get("ttl", 30.0),
-        server_selection_timeout=config["sst"],
-        shared_stream=config.get("shared_stream", False),
-    )
+    options: dict[str, Any] = {
+        "database": config["database"],
+        "ttl": config.get("ttl", 30.0),
+        "server_selection_timeout": config["sst"],
+        "shared_stream": config.get("shared_stream", False),
+    }
+    if "app" in config:  # clients named so, whose commands a fail point can pick out
+        return NamedManager(config["url"], app=config["app"], **options)
+    return LockManager(config["url"], **options)
 
 
 def _role(manager: LockManager) -> str | None:
