@@ -55,6 +55,7 @@ from django_mongolock import (  # noqa: E402
     MongoLockError,
     clock,
     events,
+    refresher,
 )
 from django_mongolock.refresher import get_refresher  # noqa: E402
 from django_mongolock.signals import lock_released  # noqa: E402
@@ -313,7 +314,8 @@ def run_rpc(config: dict[str, Any], out: Output) -> int:
 
 def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
     """Run the test's commands on ``rpc``, one JSON line each on stdin, until ``exit`` (or
-    ``leave``, which does not close ``rpc``: the interpreter's exit does).
+    ``leave``, which does not close ``rpc``: the interpreter's exit hook does, within
+    the request's ``exit_timeout`` if it gives one).
 
     A command's error ends the agent (the test sees it crash), or with ``report_errors`` is
     sent back as the reply, for tests that expect some commands to fail.
@@ -327,6 +329,8 @@ def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
             seq = request.pop("seq")
             if op in ("exit", "leave"):
                 close = op == "exit"
+                if "exit_timeout" in request:  # the exit hook's budget (``leave``)
+                    refresher.EXIT_TIMEOUT = float(request["exit_timeout"])
                 out.emit({"reply": seq})
                 break
             try:

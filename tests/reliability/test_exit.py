@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,11 @@ from tests.waiting import until
 
 KEY = "exit-elected"
 APP = "exit-campaigner"
+# The agent's exit budget, and how long the server holds its campaign: past half of it
+# (the lanes' wait) and within all of it (the final join) for an exit that begins
+# anywhere within 1.5 s of the hold, when the test asks for it at once.
+EXIT_TIMEOUT = 4.0
+HOLD_MS = 3500
 
 
 @pytest.fixture
@@ -42,27 +48,28 @@ def test_a_campaign_held_at_exit_leaves_the_key_free_once_the_process_ended(
     spawn: Spawn,
 ) -> None:
     """A real process campaigns for a key another holds. The server holds its next
-    campaign 1.6 s: past the exit's 1 s wait for the refresher's lane and the releases
-    after it, within the exit's 2 s. The key is freed meanwhile, so that campaign wins,
-    and the process leaves normally (the interpreter's exit hook, not a close). Before
-    the process ends, the lease it won is given back: once it has ended and the server
-    runs none of its commands, the key is free, not held for the election's ttl by a
-    process that no longer exists."""
+    campaign 3.5 s: past the exit's wait for the refresher's lane (half its budget,
+    4 s here, 2 s by default) and the releases after it, within the whole budget. The
+    key is freed meanwhile, so that campaign wins, and the process leaves normally (the
+    interpreter's exit hook, not a close). Before the process ends, the lease it won is
+    given back: once it has ended and the server runs none of its commands, the key is
+    free, not held for the election's ttl by a process that no longer exists."""
     observer = LockManager(fail_points.url, database="exitcampaign")
     try:
         blocker = observer.acquire(KEY, ttl=30)
         config = agent_config(fail_points, "exitcampaign", app=APP)
         agent = spawn("rpc", config, name="campaigner")
         agent.event("ready", 30)
-        assert agent.call("elect", name="lead", key=KEY, ttl=6.0)["leader"] is False
+        assert agent.call("elect", name="lead", key=KEY, ttl=12.0)["leader"] is False
         # The first findAndModify of the agent's from now on: a campaign (its heartbeats
         # and refreshes are updates), which the key's release below lets win.
-        held = hang(APP, ms=1600, times=1, commands=("findAndModify",))
+        held = hang(APP, ms=HOLD_MS, times=1, commands=("findAndModify",))
         assert blocker.release()
         admin.admin.command(
             "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
         )
-        assert agent.finish(command='{"op": "leave", "seq": 0}') == 0
+        leave = json.dumps({"op": "leave", "seq": 0, "exit_timeout": EXIT_TIMEOUT})
+        assert agent.finish(command=leave) == 0
         until(_idle(admin, APP), 10, f"{APP}'s commands ended")
         status = observer.status(KEY)
         assert status is None or not status.live, status
