@@ -1,16 +1,17 @@
 """Where a handoff's time goes, beside the server's own floor for it.
 
-``python -m benchmarks.handoff_parts [HANDOFFS]`` (default 400): two processes take
-turns on one key, each holding it 5 ms; the holder times its ``release()``, and the
-waiter stamps the moment its watcher thread receives the release's change event and the
-moment its ``acquire()`` returns (one host: the processes share CLOCK_MONOTONIC). Then
-the same server's floor for those two steps, with the raw driver: one majority update's
-round trip, and when a change stream in another process delivers its event. A gap at
-the floor is the release's round trip plus that delivery. Handoffs are told apart by
-their tokens; a lease the waiter took by an attempt of its own is left out.
+``python -m benchmarks.handoff_parts [HANDOFFS] [--processes N]`` (defaults 400 and 2):
+N processes take turns on one key, HANDOFFS times each, each holding it 5 ms; every
+process times its ``release()``, and stamps the moment its watcher thread receives the
+change event of a handoff to it and the moment its ``acquire()`` returns (one host: the
+processes share CLOCK_MONOTONIC). Then the same server's floor for those two steps,
+with the raw driver: one majority update's round trip, and when a change stream in
+another process delivers its event. A gap at the floor is the release's round trip plus
+that delivery. Handoffs are told apart by their tokens; a lease a process took by an
+attempt of its own is left out.
 
-A release is sent after the holder's 5 ms hold, while the server and the other process
-sat idle, and a request after such a pause may be answered later than one sent right
+A release is sent after the holder's 5 ms hold, while the server and (with two) the
+other process sat idle, and a request after such a pause may be answered later than one sent right
 after another. So last, in one process with nobody else (``lone``), a raw majority update
 and an uncontended ``acquire()``, each sent back to back and after the same pause as a
 release, in alternating blocks. See docs/performance.md.
@@ -18,6 +19,7 @@ release, in alternating blocks. See docs/performance.md.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import queue
 import sys
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Event
+from multiprocessing.synchronize import Barrier, Event
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pymongo import MongoClient
@@ -58,28 +60,11 @@ LONE_KEYS: Final = 10
 LONE_WAIT: Final = 10.0
 
 
-def _holder(url: str, handoffs: int, ready: Event, out: Queue[Any]) -> None:
-    """Acquire, hold, time the release; again. Each release is named by its holder id."""
-    from django_mongolock import LockManager
-
-    manager = LockManager(url, database=DATABASE)
-    releases = []
-    if ready.wait(BOUND):
-        for _ in range(handoffs):
-            lock = manager.acquire(KEY, timeout=BOUND)
-            time.sleep(HOLD)
-            sent = time.monotonic()
-            lock.release()
-            releases.append((lock.owner, sent, time.monotonic()))
-            time.sleep(HOLD / 2)  # the other process's turn comes first
-    manager.close()
-    out.put(releases)
-
-
-def _waiter(url: str, handoffs: int, ready: Event, out: Queue[Any]) -> None:
-    """Acquire, hold, release; again. For each lease it got, when its watcher heard of the
-    handoff (by token, None when it took the key itself), when ``acquire`` returned, and
-    whose release handed it over."""
+def _taker(url: str, database: str, handoffs: int, start: Barrier, out: Queue[Any]) -> None:
+    """Acquire, hold, release; again. For each lease it got: when its watcher heard of
+    the handoff (by token, None when it took the key itself), when ``acquire`` returned,
+    and whose release handed it over; for each release: its holder id and when it was
+    called and returned."""
     from django_mongolock import LockManager
     from django_mongolock.waiters import Handoff, Waiters
 
@@ -92,19 +77,24 @@ def _waiter(url: str, handoffs: int, ready: Event, out: Queue[Any]) -> None:
         return notify(self, key, handoff)
 
     Waiters.notify = stamped  # type: ignore[method-assign]
-    manager = LockManager(url, database=DATABASE)
-    ready.set()
-    turns = []
+    manager = LockManager(url, database=database)
+    turns, releases = [], []
+    start.wait(BOUND)
     for _ in range(handoffs):
         lock = manager.acquire(KEY, timeout=BOUND)
         returned = time.monotonic()
         at, previous = heard.pop(lock.token, (None, ""))
         turns.append((at, returned, previous))
+        # A head's wake-up is kept too (by the new holder's token): drop what is past.
+        for token in [token for token in heard if token <= lock.token]:
+            del heard[token]
         time.sleep(HOLD)
+        sent = time.monotonic()
         lock.release()
-        time.sleep(HOLD / 2)
+        releases.append((lock.owner, sent, time.monotonic()))
+        time.sleep(HOLD / 2)  # another process's turn comes first
     manager.close()
-    out.put(turns)
+    out.put((turns, releases))
 
 
 def _run(processes: Sequence[BaseProcess], outs: Sequence[Queue[Any]], bound: float) -> list[Any]:
@@ -136,29 +126,31 @@ def _result(out: Queue[Any], processes: Sequence[BaseProcess], until: float) -> 
                 raise RuntimeError("the handoff processes did not finish in time") from None
 
 
-def ours(url: str, handoffs: int) -> dict[str, list[float]]:
+def ours(
+    url: str, handoffs: int, processes: int = 2, database: str = DATABASE
+) -> dict[str, list[float]]:
     """Release round trip, event after the release returned, return after the event, gap:
-    for each handoff from the holder process to the waiter process."""
+    for each handoff from one of ``processes`` processes (each taking turns on the key
+    ``handoffs`` times) to another."""
     ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    releases_out: Queue[Any] = ctx.Queue()
-    turns_out: Queue[Any] = ctx.Queue()
-    processes = [
-        ctx.Process(target=_waiter, args=(url, handoffs, ready, turns_out)),
-        ctx.Process(target=_holder, args=(url, handoffs, ready, releases_out)),
+    start = ctx.Barrier(processes)
+    outs: list[Queue[Any]] = [ctx.Queue() for _ in range(processes)]
+    takers = [
+        ctx.Process(target=_taker, args=(url, database, handoffs, start, out)) for out in outs
     ]
-    turns, releases = _run(processes, [turns_out, releases_out], BOUND + handoffs * 0.1)
-    released = {owner: (sent, done) for owner, sent, done in releases}
+    results = _run(takers, outs, BOUND + handoffs * processes * 0.1)
+    released = {owner: (sent, done) for _, releases in results for owner, sent, done in releases}
     parts: dict[str, list[float]] = {"release": [], "event": [], "wake": [], "gap": []}
-    for heard, returned, previous in turns[WARM_UP:]:
-        if heard is None or previous not in released:
-            continue  # taken by an attempt of its own, or from somebody else's release
-        sent, done = released[previous]
-        parts["release"].append(done - sent)
-        # The event may come before the release's reply does: a negative "event".
-        parts["event"].append(heard - done)
-        parts["wake"].append(returned - heard)
-        parts["gap"].append(returned - sent)
+    for turns, _ in results:
+        for heard, returned, previous in turns[WARM_UP:]:
+            if heard is None or previous not in released:
+                continue  # taken by an attempt of its own, or from an unnamed release
+            sent, done = released[previous]
+            parts["release"].append(done - sent)
+            # The event may come before the release's reply does: a negative "event".
+            parts["event"].append(heard - done)
+            parts["wake"].append(returned - heard)
+            parts["gap"].append(returned - sent)
     return parts
 
 
@@ -293,12 +285,20 @@ def _row(name: str, values: Sequence[float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = sys.argv[1:] if argv is None else argv
-    handoffs = int(arguments[0]) if arguments else 400
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.handoff_parts")
+    parser.add_argument("handoffs", nargs="?", type=int, default=400, help="per process")
+    parser.add_argument("--processes", type=int, default=2, help="taking turns on the key")
+    options = parser.parse_args(argv)
+    handoffs, processes = options.handoffs, options.processes
+    if handoffs <= WARM_UP or processes < 2:
+        parser.error(f"needs more than {WARM_UP} handoffs and at least 2 processes")
     with mongo_server() as server:
-        print(f"MongoDB {server.version} ({server.topology}); {handoffs} handoffs")
+        print(
+            f"MongoDB {server.version} ({server.topology}); "
+            f"{processes} processes, {handoffs} turns each"
+        )
         try:
-            mine = ours(server.url, handoffs)
+            mine = ours(server.url, handoffs, processes)
             floor = raw(server.url, handoffs)
             single = lone(server.url, handoffs - WARM_UP)
         finally:
@@ -310,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_row(f"raw: majority update, round trip ({_AFTER_HOLD} apart)", floor["write"]))
         print(_row("raw: its change event, after the update returned", floor["event"]))
         print(_row("ours: release(), round trip", mine["release"]))
-        print(_row("ours: the release's event at the waiter, after it returned", mine["event"]))
-        print(_row("ours: the waiter's acquire() returns, after its event", mine["wake"]))
+        print(_row("ours: the release's event at the new holder, after it returned", mine["event"]))
+        print(_row("ours: the new holder's acquire() returns, after its event", mine["wake"]))
         print(_row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
         print()
         print("One process alone: requests back to back, or after a pause as a release is:")

@@ -564,3 +564,25 @@ def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_s
             assert lock.release()
     finally:
         manager.close()
+
+
+def test_handoffs_between_several_processes_are_split_into_their_steps(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """Three processes take turns: each handoff from one to another is paired with the
+    release that made it (by the releasing holder's id), so every gap starts at a release
+    and ends after the event that handed the lock on, within the run's bound."""
+    turns = handoff_parts.WARM_UP + 10
+    parts = handoff_parts.ours(mongolock_url, turns, processes=3, database=mongolock_database)
+    assert set(parts) == {"release", "event", "wake", "gap"}
+    counts = {len(values) for values in parts.values()}
+    assert len(counts) == 1
+    (count,) = counts
+    # Nearly every turn after the warm-up is handed over by a release (one process's
+    # first attempt after its release may find the key free and take it itself).
+    assert 3 * 10 // 2 <= count <= 3 * 10
+    for release, event, wake, gap in zip(*parts.values(), strict=True):
+        assert 0 < release < handoff_parts.BOUND
+        assert wake >= 0
+        assert gap == pytest.approx(release + event + wake)
+        assert 0 < gap < handoff_parts.BOUND
