@@ -44,7 +44,7 @@ from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, TextIO  # noqa: E402
 
-from pymongo import MongoClient  # noqa: E402
+from pymongo import MongoClient, monitoring  # noqa: E402
 from pymongo.errors import PyMongoError  # noqa: E402
 
 from django_mongolock import (  # noqa: E402
@@ -126,12 +126,34 @@ def _role(manager: LockManager) -> str | None:
 # -- rpc: one command per line ----------------------------------------------------------------
 
 
+class _Sent(monitoring.CommandListener):
+    """Notes in ``sent_at`` when each kind of command to the lock collection was sent."""
+
+    def __init__(self, sent_at: dict[str, float]) -> None:
+        self.sent_at = sent_at
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command.get(event.command_name) == "locks":  # the managers' collection
+            self.sent_at[event.command_name] = now()
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
 class Rpc:
     """Holds named locks and runs the commands the test sends, one at a time."""
 
     def __init__(self, config: dict[str, Any], out: Output) -> None:
         self.config = config
         self.out = out
+        # When this process last sent each kind of command to the lock collection (noted
+        # for a named manager's agent, whose commands a test holds on the server).
+        self.sent_at: dict[str, float] = {}
+        if "app" in config:
+            monitoring.register(_Sent(self.sent_at))  # for the clients made from here on
         self.manager = _manager(config)
         self.client = _client(config)
         self.resource = FencedResource(self.client[config["database"]][RESOURCE])
@@ -289,6 +311,10 @@ class Rpc:
         election = self.manager.elect(key, ttl=ttl)
         self.elections[name] = election
         return {"leader": election.is_leader}
+
+    def last_sent(self, command: str) -> dict[str, Any]:
+        """When this process last sent ``command`` to the lock collection (None: never)."""
+        return {"at": self.sent_at.get(command)}
 
     def _released(self, sender: Any, lock: Lock, **kwargs: Any) -> None:
         self.out.emit({"event": "released", "key": lock.key, "token": lock.token, "at": now()})

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from pymongo import MongoClient
 
-from django_mongolock import LockManager
+from django_mongolock import LockManager, clock
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import Spawn, agent_config
 from tests.waiting import until
@@ -18,7 +17,9 @@ KEY = "exit-elected"
 APP = "exit-campaigner"
 # The agent's exit budget, and how long the server holds its campaign: past half of it
 # (the lanes' wait) and within all of it (the final join) for an exit that begins
-# anywhere within 1.5 s of the hold, when the test asks for it at once.
+# anywhere within 1.5 s of the hold, when the test asks for it at once. The election's
+# ttl, 12 s, makes a campaign answered after 3.5 s no late answer (that would take
+# more than half the ttl less its margin, 5.75 s), which an extra write would extend.
 EXIT_TIMEOUT = 4.0
 HOLD_MS = 3500
 
@@ -48,7 +49,7 @@ def test_a_campaign_held_at_exit_leaves_the_key_free_once_the_process_ended(
     spawn: Spawn,
 ) -> None:
     """A real process campaigns for a key another holds. The server holds its next
-    campaign 3.5 s: past the exit's wait for the refresher's lane (half its budget,
+    campaign 3.5 s: past the exit's wait for the refresher's lane (half of its budget,
     4 s here, 2 s by default) and the releases after it, within the whole budget. The
     key is freed meanwhile, so that campaign wins, and the process leaves normally (the
     interpreter's exit hook, not a close). Before the process ends, the lease it won is
@@ -68,8 +69,13 @@ def test_a_campaign_held_at_exit_leaves_the_key_free_once_the_process_ended(
         admin.admin.command(
             "waitForFailPoint", "failCommand", timesEntered=held + 1, maxTimeMS=20_000
         )
-        leave = json.dumps({"op": "leave", "seq": 0, "exit_timeout": EXIT_TIMEOUT})
-        assert agent.finish(command=leave) == 0
+        sent = agent.call("last_sent", command="findAndModify")["at"]
+        agent.call("leave", exit_timeout=EXIT_TIMEOUT)
+        # The exit began (as it sent that reply) early enough in the hold that the lanes'
+        # wait ends first: else this would test another path.
+        assert sent is not None
+        assert clock.now() - sent < HOLD_MS / 1000 - EXIT_TIMEOUT / 2
+        assert agent.finish() == 0
         until(_idle(admin, APP), 10, f"{APP}'s commands ended")
         status = observer.status(KEY)
         assert status is None or not status.live, status
