@@ -1,20 +1,24 @@
 """Where a handoff's time goes, beside the server's own floor for it.
 
-``python -m benchmarks.handoff_parts [HANDOFFS] [--processes N]`` (defaults 400 and 2):
-N processes take turns on one key, HANDOFFS times each, each holding it 5 ms; every
-process times its ``release()``, and stamps the moment its watcher thread receives the
-change event of a handoff to it and the moment its ``acquire()`` returns (one host: the
-processes share CLOCK_MONOTONIC). Then the same server's floor for those two steps,
-with the raw driver: one majority update's round trip, and when a change stream in
-another process delivers its event. A gap at the floor is the release's round trip plus
-that delivery. Handoffs are told apart by their tokens; a lease a process took by an
-attempt of its own is left out.
+``python -m benchmarks.handoff_parts [HANDOFFS] [--processes N] [--at-once]`` (defaults
+400 and 2): N processes take turns on one key, HANDOFFS times each, each holding it
+5 ms and asking for it again 2.5 ms after its release (``--at-once``: as soon as the
+release returned, as in the benchmarks' handoff workload, where that request meets the
+handoff on the server). Every process times its ``release()``, and stamps the moment
+its watcher thread receives the change event of a handoff to it and the moment its
+``acquire()`` returns (one host: the processes share CLOCK_MONOTONIC). Then the same
+server's floor for those two steps, with the raw driver: one majority update's round
+trip, and when a change stream in another process delivers its event. A gap at the
+floor is the release's round trip plus that delivery. Each handoff is paired with the
+release that made it by the releasing holder's id (``pair``); a lease a process took by
+an attempt of its own is left out.
 
-A release is sent after the holder's 5 ms hold, while the server and (with two) the
-other process sat idle, and a request after such a pause may be answered later than one sent right
-after another. So last, in one process with nobody else (``lone``), a raw majority update
-and an uncontended ``acquire()``, each sent back to back and after the same pause as a
-release, in alternating blocks. See docs/performance.md.
+A release is sent after the holder's 5 ms hold, during which the server had little to
+do (the others wait in line), and a request after such a pause may be answered later
+than one sent right after another. So last, in one process with nobody else
+(``lone``), a raw majority update and an uncontended ``acquire()``, each sent back to
+back and after the same pause as a release, in alternating blocks. See
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from benchmarks.stats import quantile
 if TYPE_CHECKING:
     from django_mongolock import Lock
 
-__all__ = ["lone", "main", "ours", "paced", "raw"]
+__all__ = ["lone", "main", "ours", "paced", "pair", "raw"]
 
 _T = TypeVar("_T")
 
@@ -60,11 +64,13 @@ LONE_KEYS: Final = 10
 LONE_WAIT: Final = 10.0
 
 
-def _taker(url: str, database: str, handoffs: int, start: Barrier, out: Queue[Any]) -> None:
-    """Acquire, hold, release; again. For each lease it got: when its watcher heard of
-    the handoff (by token, None when it took the key itself), when ``acquire`` returned,
-    and whose release handed it over; for each release: its holder id and when it was
-    called and returned."""
+def _taker(
+    url: str, database: str, handoffs: int, pause: float, start: Barrier, out: Queue[Any]
+) -> None:
+    """Acquire, hold, release, wait ``pause``; again. For each lease it got: when its
+    watcher heard of the handoff (by token, None when it took the key itself), when
+    ``acquire`` returned, and whose release handed it over; for each release: its holder
+    id and when it was called and returned."""
     from django_mongolock import LockManager
     from django_mongolock.waiters import Handoff, Waiters
 
@@ -86,13 +92,15 @@ def _taker(url: str, database: str, handoffs: int, start: Barrier, out: Queue[An
         at, previous = heard.pop(lock.token, (None, ""))
         turns.append((at, returned, previous))
         # A head's wake-up is kept too (by the new holder's token): drop what is past.
-        for token in [token for token in heard if token <= lock.token]:
+        # (A copy of the keys first: the watcher's thread adds to ``heard`` meanwhile.)
+        for token in [token for token in list(heard) if token <= lock.token]:
             del heard[token]
         time.sleep(HOLD)
         sent = time.monotonic()
         lock.release()
         releases.append((lock.owner, sent, time.monotonic()))
-        time.sleep(HOLD / 2)  # another process's turn comes first
+        if pause:
+            time.sleep(pause)
     manager.close()
     out.put((turns, releases))
 
@@ -127,24 +135,38 @@ def _result(out: Queue[Any], processes: Sequence[BaseProcess], until: float) -> 
 
 
 def ours(
-    url: str, handoffs: int, processes: int = 2, database: str = DATABASE
+    url: str,
+    handoffs: int,
+    processes: int = 2,
+    database: str = DATABASE,
+    *,
+    pause: float = HOLD / 2,
 ) -> dict[str, list[float]]:
     """Release round trip, event after the release returned, return after the event, gap:
     for each handoff from one of ``processes`` processes (each taking turns on the key
-    ``handoffs`` times) to another."""
+    ``handoffs`` times, and asking for it again ``pause`` after its release) to another."""
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(processes)
     outs: list[Queue[Any]] = [ctx.Queue() for _ in range(processes)]
     takers = [
-        ctx.Process(target=_taker, args=(url, database, handoffs, start, out)) for out in outs
+        ctx.Process(target=_taker, args=(url, database, handoffs, pause, start, out))
+        for out in outs
     ]
-    results = _run(takers, outs, BOUND + handoffs * processes * 0.1)
+    return pair(_run(takers, outs, BOUND + handoffs * processes * 0.1))
+
+
+def pair(results: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> dict[str, list[float]]:
+    """The steps of each handoff in ``results`` (each process's turns and releases, as
+    ``_taker`` reports them), paired with the release that made it by its holder id,
+    which is unique per acquisition. A turn taken by an attempt of its own (nothing
+    heard), or handed over by a release not reported (an unnamed one), is left out, and
+    so are each process's first ``WARM_UP`` turns."""
     released = {owner: (sent, done) for _, releases in results for owner, sent, done in releases}
     parts: dict[str, list[float]] = {"release": [], "event": [], "wake": [], "gap": []}
     for turns, _ in results:
         for heard, returned, previous in turns[WARM_UP:]:
             if heard is None or previous not in released:
-                continue  # taken by an attempt of its own, or from an unnamed release
+                continue
             sent, done = released[previous]
             parts["release"].append(done - sent)
             # The event may come before the release's reply does: a negative "event".
@@ -288,17 +310,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.handoff_parts")
     parser.add_argument("handoffs", nargs="?", type=int, default=400, help="per process")
     parser.add_argument("--processes", type=int, default=2, help="taking turns on the key")
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="each process asks for the key again as soon as its release returned, as in the "
+        f"benchmarks' handoff workload (default: {HOLD / 2 * 1000:g} ms after)",
+    )
     options = parser.parse_args(argv)
     handoffs, processes = options.handoffs, options.processes
+    pause = 0.0 if options.at_once else HOLD / 2
     if handoffs <= WARM_UP or processes < 2:
         parser.error(f"needs more than {WARM_UP} handoffs and at least 2 processes")
     with mongo_server() as server:
         print(
             f"MongoDB {server.version} ({server.topology}); "
-            f"{processes} processes, {handoffs} turns each"
+            f"{processes} processes, {handoffs} turns each, asking again "
+            + ("at once" if options.at_once else f"{pause * 1000:g} ms after a release")
         )
         try:
-            mine = ours(server.url, handoffs, processes)
+            mine = ours(server.url, handoffs, processes, pause=pause)
             floor = raw(server.url, handoffs)
             single = lone(server.url, handoffs - WARM_UP)
         finally:
