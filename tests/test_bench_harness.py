@@ -576,8 +576,9 @@ def test_handoffs_between_several_processes_are_split_into_their_steps(
     parts = handoff_parts.ours(mongolock_url, turns, processes=3, database=mongolock_database)
     # One process's request after its release may find the key free and take it itself.
     assert 3 * 10 // 2 <= len(parts["gap"]) <= 3 * 10
-    for release, event, gap in zip(parts["release"], parts["event"], parts["gap"], strict=True):
+    for release, event, wake, gap in zip(*parts.values(), strict=True):
         assert release + event > 0
+        assert wake >= 0
         assert 0 < gap < handoff_parts.BOUND
 
 

@@ -34,6 +34,7 @@ def _relative_sleep(seconds: float) -> None:
 if "faketime" in os.environ.get("LD_PRELOAD", ""):  # before pymongo can call time.sleep
     time.sleep = _relative_sleep  # type: ignore[assignment]
 
+import atexit  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
@@ -126,21 +127,26 @@ def _role(manager: LockManager) -> str | None:
 # -- rpc: one command per line ----------------------------------------------------------------
 
 
-class _Sent(monitoring.CommandListener):
-    """Notes in ``sent_at`` when each kind of command to the lock collection was sent."""
+class _Answers(monitoring.CommandListener):
+    """Reports when each command to ``collection`` was answered (``answered`` events):
+    a test that holds a command on the server learns when the hold ended."""
 
-    def __init__(self, sent_at: dict[str, float]) -> None:
-        self.sent_at = sent_at
+    def __init__(self, out: Output, collection: str) -> None:
+        self.out = out
+        self.collection = collection
+        self._sent: dict[int, str] = {}
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command.get(event.command_name) == "locks":  # the managers' collection
-            self.sent_at[event.command_name] = now()
+        if event.command.get(event.command_name) == self.collection:
+            self._sent[event.request_id] = event.command_name
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        command = self._sent.pop(event.request_id, None)
+        if command is not None:
+            self.out.emit({"event": "answered", "command": command, "at": now()})
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
+        self._sent.pop(event.request_id, None)
 
 
 class Rpc:
@@ -149,12 +155,10 @@ class Rpc:
     def __init__(self, config: dict[str, Any], out: Output) -> None:
         self.config = config
         self.out = out
-        # When this process last sent each kind of command to the lock collection (noted
-        # for a named manager's agent, whose commands a test holds on the server).
-        self.sent_at: dict[str, float] = {}
-        if "app" in config:
-            monitoring.register(_Sent(self.sent_at))  # for the clients made from here on
         self.manager = _manager(config)
+        if "app" in config:  # a named manager, whose commands a test holds on the server
+            # For the clients made from here on: the manager makes its own when first used.
+            monitoring.register(_Answers(out, self.manager.collection))
         self.client = _client(config)
         self.resource = FencedResource(self.client[config["database"]][RESOURCE])
         self.locks: dict[str, Lock] = {}
@@ -312,10 +316,6 @@ class Rpc:
         self.elections[name] = election
         return {"leader": election.is_leader}
 
-    def last_sent(self, command: str) -> dict[str, Any]:
-        """When this process last sent ``command`` to the lock collection (None: never)."""
-        return {"at": self.sent_at.get(command)}
-
     def _released(self, sender: Any, lock: Lock, **kwargs: Any) -> None:
         self.out.emit({"event": "released", "key": lock.key, "token": lock.token, "at": now()})
 
@@ -355,6 +355,10 @@ def answer(rpc: Any, out: Output, *, report_errors: bool = False) -> int:
             seq = request.pop("seq")
             if op in ("exit", "leave"):
                 close = op == "exit"
+                if not close:
+                    # Runs first at exit (hooks run last in, first out), just before the
+                    # refresher's: when the exit began.
+                    atexit.register(lambda: out.emit({"event": "exiting", "at": now()}))
                 if "exit_timeout" in request:  # the exit hook's budget (``leave``)
                     refresher.EXIT_TIMEOUT = float(request["exit_timeout"])
                 out.emit({"reply": seq})
