@@ -3,8 +3,8 @@
 ``python -m benchmarks.handoff_parts [HANDOFFS] [--processes N] [--at-once]`` (defaults
 400 and 2): N processes take turns on one key, HANDOFFS times each, each holding it
 5 ms and asking for it again 2.5 ms after its release (``--at-once``: as soon as the
-release returned, as in the benchmarks' handoff workload, where that request meets the
-handoff on the server). Every process times its ``release()``, and stamps the moment
+release returned, as in the benchmarks' handoff workload). Every process times its
+``release()``, and stamps the moment
 its watcher thread receives the change event of a handoff to it and the moment its
 ``acquire()`` returns (one host: the processes share CLOCK_MONOTONIC). Then the same
 server's floor for those two steps, with the raw driver: one majority update's round
