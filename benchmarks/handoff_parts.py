@@ -90,11 +90,9 @@ def _taker(
         lock = manager.acquire(KEY, timeout=BOUND)
         returned = time.monotonic()
         at, previous = heard.pop(lock.token, (None, ""))
+        if at is not None and at > returned:
+            at = None  # its own attempt found the key handed over before the event came
         turns.append((at, returned, previous))
-        # A head's wake-up is kept too (by the new holder's token): drop what is past.
-        # (A copy of the keys first: the watcher's thread adds to ``heard`` meanwhile.)
-        for token in [token for token in list(heard) if token <= lock.token]:
-            del heard[token]
         time.sleep(HOLD)
         sent = time.monotonic()
         lock.release()
