@@ -266,7 +266,7 @@ def processes_point(
         for _t0, t1, t2, _t3 in worker["records"]
     )
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(turns)]
-    arrival, settled, releases = after_arrival(done.workers)
+    arrival, settled, releases, arriving = after_arrival(done.workers)
     ops = _ops(idle, after)
     counts = [len(worker["records"]) for worker in done.workers]
     return {
@@ -275,6 +275,7 @@ def processes_point(
         "arrival": arrival,
         "wake_settled": summary(settled),
         "release": summary(releases),
+        "release_arriving": summary(arriving),
         "ops": ops,
         **_per_release(ops, len(turns)),
         "cursors": max(samples, default=idle["cursors"]) - before,
@@ -289,10 +290,12 @@ def processes_point(
 
 def after_arrival(
     workers: Sequence[dict[str, Any]],
-) -> tuple[float, list[float], list[float]]:
+) -> tuple[float, list[float], list[float], list[float]]:
     """The run once every process has asked for the key: how long they took to ask
     (from the first call to ``acquire`` to the last process's first), then the wake-ups
-    and the release calls' times of the releases that began at or after that.
+    and the release calls' times of the releases that began at or after that, and the
+    release calls' times of those that began before it (while the others were still
+    joining the line: the joins and the handing writes then change one document at once).
 
     They set what each release costs once every process waits in line (its document,
     and the write that hands it on, grow with the places in it) apart from the start,
@@ -302,12 +305,13 @@ def after_arrival(
     """
     firsts = [w["asked"] for w in workers]
     if not firsts:
-        return math.nan, [], []
+        return math.nan, [], [], []
     asked = max(firsts)
     turns = sorted((t1, t2, t3) for w in workers for _t0, t1, t2, t3 in w["records"])
     wakes = [b[0] - a[1] for a, b in itertools.pairwise(turns) if a[1] >= asked]
     releases = [t3 - t2 for _t1, t2, t3 in turns if t2 >= asked]
-    return asked - min(firsts), wakes, releases
+    arriving = [t3 - t2 for _t1, t2, t3 in turns if t2 < asked]
+    return asked - min(firsts), wakes, releases, arriving
 
 
 def run(
@@ -353,7 +357,8 @@ def _line(point: dict[str, Any], ours: bool = True) -> str:
         return f"wake-up p50 {ms(wake['p50'])}, p99 {ms(wake['p99'])}{timed_out}"
     settled = (
         f" (after the {ms(point['arrival'], 0)} arrival: p99 "
-        f"{ms(point['wake_settled']['p99'])}, release p50 {ms(point['release']['p50'])})"
+        f"{ms(point['wake_settled']['p99'])}, release p50 {ms(point['release']['p50'])};"
+        f" during it, release p50 {_arriving(point.get('release_arriving'))})"
         if "arrival" in point
         else ""
     )
@@ -415,7 +420,9 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "*p99 after arrival* and *release p50* count only the releases that began at or "
         "after it (a release call's time is mostly its handing write): they set what "
         "each release costs once every process has asked apart from the start, when all "
-        "of them call at once. *Ops per release*: every "
+        "of them call at once. *Release p50 during arrival* counts the releases that "
+        "began before it (how many, in parentheses): their handing writes change the "
+        "key's document while the other processes' joins do. *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
         "commands, change-stream getMores of every process) over the releases, divided by "
         "them. *Writes per release*: the server's write commands alone "
@@ -474,6 +481,7 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "wake-up p99",
         "p99 after arrival",
         "release p50",
+        "release p50 during arrival",
         "arrival",
         "ops per release",
         "writes per release",
@@ -491,15 +499,26 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
 
 
 def _arrived(point: dict[str, Any]) -> list[str]:
-    """Wake-up p99 and release p50 after every process asked, and the time they took
-    to ask; "n/a" for the keys shape, and in results recorded before they were measured."""
+    """Wake-up p99 and release p50 after every process asked, release p50 (and count)
+    before, and the time they took to ask; "n/a" for the keys shape, and in results
+    recorded before they were measured."""
     if "arrival" not in point:
-        return ["n/a"] * 3
+        return ["n/a"] * 4
     return [
         ms(point["wake_settled"]["p99"], 2),
         ms(point["release"]["p50"], 2),
+        _arriving(point.get("release_arriving")),
         ms(point["arrival"], 0),
     ]
+
+
+def _arriving(release: dict[str, float] | None) -> str:
+    """The release p50 while the processes were still asking, with how many there were."""
+    if release is None:
+        return "n/a"
+    if not release["n"]:
+        return "none"
+    return f"{ms(release['p50'], 2)} ({release['n']:.0f})"
 
 
 def _optional(value: float | None, digits: int = 1) -> str:

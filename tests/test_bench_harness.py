@@ -28,6 +28,7 @@ from benchmarks import handoff_parts, line_cost, scale, tick_cpu, workers
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
+from benchmarks.stats import summary
 from benchmarks.workers import Job, Pool, Shared
 from django_mongolock import LockNotAcquired, ServerUnavailable, lanes
 from django_mongolock.refresher import get_refresher
@@ -78,8 +79,9 @@ def test_the_warm_up_waves_halve_the_size_asked_down_to_the_first() -> None:
 def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() -> None:
     """Process 1 asks last (at 4.0; that call timed out, its next one at 4.5 returned):
     the release that began before (at 3.0) is neither a release nor the start of a
-    wake-up counted after arrival; the three releases after it are, and the two
-    wake-ups that follow them. Process 3 asked too, and never got the key."""
+    wake-up counted after arrival, but the one release during it; the three releases
+    after it are, and the two wake-ups that follow them. Process 3 asked too, and never
+    got the key."""
     workers = [
         # (asked, returned from acquire, release called, release returned)
         {"worker": 0, "asked": 0.0, "records": [(0.0, 2.0, 3.0, 3.5), (6.0, 7.0, 8.0, 8.25)]},
@@ -87,10 +89,37 @@ def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() 
         {"worker": 2, "asked": 1.0, "records": [(1.0, 9.0, 10.0, 10.75)]},
         {"worker": 3, "asked": 0.5, "records": []},
     ]
-    arrival, wakes, releases = after_arrival(workers)
+    arrival, wakes, releases, arriving = after_arrival(workers)
     assert arrival == 4.0
     assert wakes == [7.0 - 6.0, 9.0 - 8.0]
     assert releases == [0.5, 0.25, 0.75]
+    assert arriving == [0.5]
+
+
+def test_the_scale_table_gives_the_release_p50_during_arrival() -> None:
+    """With how many releases it counts; none when none began before every process asked,
+    n/a in results recorded before it was measured."""
+    point = {
+        "waiters": 4,
+        "wake": {"p50": 0.001, "p99": 0.002},
+        "wake_settled": {"p99": 0.002},
+        "release": {"p50": 0.0015},
+        "release_arriving": summary([0.004, 0.012, 0.020]),
+        "arrival": 0.3,
+        "ops": dict.fromkeys(scale.COUNTED, 0),
+        **scale._per_release(dict.fromkeys(scale.COUNTED, 0), 1),
+        "cursors": 0,
+    }
+    calm = {**point, "waiters": 16, "release_arriving": summary([])}
+    old = {key: value for key, value in point.items() if key != "release_arriving"}
+    data = {"hold": 0.005, "seconds": 3.0, "cores": 2}
+    lines = scale.render({**data, "processes": {"points": {"4": point, "16": calm}}}, None)
+    lines += scale.render({**data, "relay": {"points": {"4": old}}}, None)
+    header = next(line for line in lines if line.startswith("| shape |"))
+    column = header.split(" | ").index("release p50 during arrival")
+    rows = [line for line in lines if line.startswith(("| processes |", "| relay |"))]
+    assert [row.split(" | ")[column] for row in rows] == ["12.00 ms (3)", "none", "n/a"]
+    assert "during it, release p50 12.00 ms (3)" in scale._line(point)
 
 
 def test_the_safety_counts_see_an_overlap_and_a_lost_update(
