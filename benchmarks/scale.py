@@ -294,8 +294,8 @@ def after_arrival(
     """The run once every process has asked for the key: how long they took to ask
     (from the first call to ``acquire`` to the last process's first), then the wake-ups
     and the release calls' times of the releases that began at or after that, and the
-    release calls' times of those that began before it (while the others were still
-    joining the line: the joins and the handing writes then change one document at once).
+    release calls' times of those that began before it (while other processes were still
+    calling ``acquire``).
 
     They set what each release costs once every process waits in line (its document,
     and the write that hands it on, grow with the places in it) apart from the start,
@@ -417,12 +417,12 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "the gap from a holder's release call to the next holder's return (both on "
         "CLOCK_MONOTONIC, shared by the processes of one host). *Arrival*: from the "
         "first process's call to `acquire` to the last one's, all starting together; "
-        "*p99 after arrival* and *release p50* count only the releases that began at or "
-        "after it (a release call's time is mostly its handing write): they set what "
-        "each release costs once every process has asked apart from the start, when all "
-        "of them call at once. *Release p50 during arrival* counts the releases that "
-        "began before it (how many, in parentheses): their handing writes change the "
-        "key's document while the other processes' joins do. *Ops per release*: every "
+        "*p99 after arrival* and *release p50 after arrival* count only the releases "
+        "that began at or after it (a release call's time is mostly its handing write): "
+        "they set what each release costs once every process has asked apart from the "
+        "start, when all of them call at once. *Release p50 during arrival* counts the "
+        "release calls that began before it, while other processes were still calling "
+        "`acquire` (how many, in parentheses). *Ops per release*: every "
         "operation the server counted (`serverStatus().opcounters`: writes, reads, "
         "commands, change-stream getMores of every process) over the releases, divided by "
         "them. *Writes per release*: the server's write commands alone "
@@ -480,7 +480,7 @@ def render(data: dict[str, Any], image: str | None) -> list[str]:
         "wake-up p50",
         "wake-up p99",
         "p99 after arrival",
-        "release p50",
+        "release p50 after arrival",
         "release p50 during arrival",
         "arrival",
         "ops per release",

@@ -24,7 +24,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from benchmarks import handoff_parts, line_cost, scale, tick_cpu, workers
+from benchmarks import arrival_load, handoff_parts, line_cost, scale, tick_cpu, workers
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
@@ -94,6 +94,22 @@ def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() 
     assert wakes == [7.0 - 6.0, 9.0 - 8.0]
     assert releases == [0.5, 0.25, 0.75]
     assert arriving == [0.5]
+
+
+def test_a_release_counts_in_the_arrival_by_when_it_was_called() -> None:
+    """Not by when it returned, nor by when its holder got the key: a release called
+    before the last process asked (at 4.0) and returned after it is during the arrival;
+    one called at 4.0, or after it by a holder that got the key before it, is not. Every
+    release is on one side."""
+    workers = [
+        {"worker": 0, "asked": 0.0, "records": [(0.0, 3.5, 3.75, 4.25), (5.0, 5.5, 6.0, 6.125)]},
+        {"worker": 1, "asked": 4.0, "records": [(4.0, 4.5, 5.0, 5.0625)]},
+        {"worker": 2, "asked": 1.0, "records": [(1.0, 3.875, 4.0, 4.25), (4.25, 4.375, 4.5, 5.5)]},
+        {"worker": 3, "asked": 2.0, "records": [(2.0, 3.0, 3.25, 3.375)]},
+    ]
+    _arrival, _wakes, releases, arriving = after_arrival(workers)
+    assert sorted(arriving) == [0.125, 0.5]
+    assert sorted(releases) == [0.0625, 0.125, 0.25, 1.0]
 
 
 def test_the_scale_table_gives_the_release_p50_during_arrival() -> None:
@@ -627,3 +643,27 @@ def test_each_handoff_is_paired_with_the_release_that_made_it() -> None:
     assert parts["event"] == pytest.approx([0.1, 0.1])
     assert parts["wake"] == pytest.approx([0.2, 0.2])
     assert parts["gap"] == pytest.approx([1.2, 1.3])
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize(("kind", "line", "own"), [("read", 0, 0), ("own", 0, 3), ("same", 3, 0)])
+def test_a_burst_of_processes_sends_its_requests_while_the_lock_is_written(
+    mongolock_url: str, mongolock_database: str, kind: str, line: int, own: int
+) -> None:
+    """Three real processes send one request each, of the kind asked: places on the lock's
+    line, documents of their own, or nothing written; the writer's times are split
+    around the burst, every write counted once."""
+    run = arrival_load.burst(mongolock_url, kind, 3, database=mongolock_database)
+    assert (run["line"], run["own"]) == (line, own)
+    assert len(run["requests"]) == 3
+    assert all(0 < took < arrival_load.BOUND for took in run["requests"])
+    assert 0 <= run["burst"] < arrival_load.BOUND
+    # The writer paces its writes 5 ms apart: half a second before, one after.
+    assert len(run["before"]) >= 10
+    assert len(run["after"]) >= 20
+    assert arrival_load.row(run).startswith(f"| {arrival_load.KINDS[kind]} | ")
+
+
+def test_a_burst_of_an_unknown_kind_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match="kind must be one of read, own, same; got 'write'"):
+        arrival_load.burst("mongodb://127.0.0.1:1", "write", 3)
