@@ -2,11 +2,13 @@
 matters that they write to the lock's document.
 
 ``python -m benchmarks.arrival_load [PROCESSES [RUNS]]`` (default 200 processes, 2 runs
-of each kind): ``PROCESSES`` processes connect, then wait on one barrier; released
-together, each sends one request, as the processes of the scale benchmark do when they
-all ask for one key at once. Meanwhile this process writes the lock's document every
-5 ms (a majority update, as a handing release is) and times each write. The kinds of
-request, taking turns run by run:
+of each kind): ``PROCESSES`` processes connect, then wait on one barrier; let through it
+together (one after another as fast as the machine wakes them), each sends one request,
+as the processes of the scale benchmark do when they all ask for one key at once, and
+stays connected until the run ends, as a waiting process does. Meanwhile this process
+writes the lock's document 5 ms after each of its writes (a majority update, as a
+handing release is) and times each write. The kinds of request, taking turns run by
+run:
 
 * ``read``: each process reads the lock's document (no write);
 * ``own document``: each appends a place to the line of a document of its own;
@@ -32,59 +34,97 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Barrier
-from typing import Any, Final
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any, Final, Literal, TypedDict
 
 from pymongo import MongoClient
 
 from benchmarks.servers import mongo_server
 
-__all__ = ["KINDS", "burst", "main"]
+__all__ = ["KINDS", "Run", "burst", "main", "row", "split"]
 
 DATABASE: Final = "mongolock_arrival_load"
 LOCK: Final = "lock"
 KINDS: Final = {"read": "read", "own": "own document", "same": "lock's document"}
-# The writer's pace: a release every hold of 5 ms, as in the scale benchmark.
+# The writer's pause between writes: a release every hold of 5 ms, as in the scale benchmark.
 PACE: Final = 0.005
 # Quiet writes before the burst, and after it.
 BEFORE: Final = 0.5
 AFTER: Final = 1.0
-# Bounds every wait on the processes.
+# Bounds every wait on the processes: hundreds of them forking and connecting on two cores.
 BOUND: Final = 120.0
+# About the size of a waiter's place in a lock's line.
+PAD: Final = "p" * 60
 
 Sample = list[tuple[float, float]]
+"""(when a write was sent, how long it took)"""
 
 
-def _place(index: int) -> dict[str, Any]:
-    return {"owner": f"host:{os.getpid()}:{index}", "until": time.time() + 30, "pad": "p" * 60}
+class Run(TypedDict):
+    kind: str
+    burst: float
+    requests: list[float]
+    before: list[float]
+    during: list[float]
+    after: list[float]
+    writes: int
+    conflicts: int
+    line: int
+    own: int
 
 
 def _appended(index: int) -> list[dict[str, Any]]:
     """A pipeline that appends one place to the document's line."""
+    place = {"owner": f"host:{os.getpid()}:{index}", "until": time.time() + 30, "pad": PAD}
     line = {"$ifNull": ["$waiters", []]}
-    return [{"$set": {"waiters": {"$concatArrays": [line, [{"$literal": _place(index)}]]}}}]
+    return [{"$set": {"waiters": {"$concatArrays": [line, [{"$literal": place}]]}}}]
 
 
 def _asker(
-    url: str, database: str, kind: str, index: int, barrier: Barrier, out: Queue[Any]
+    url: str,
+    database: str,
+    kind: str,
+    index: int,
+    gates: tuple[Barrier, Barrier, Event],
+    out: Queue[tuple[float, float]],
 ) -> None:
-    """Connect, wait for the others, send one request of ``kind``; put when it was sent
-    and when it was answered."""
+    """Connect and say so (``ready``), send one request of ``kind`` once every process
+    and the writer are through ``go``, put when it was sent and answered, and stay
+    connected until ``finish``: a process that closes its client and ends within the
+    burst would weigh on the writes as the scale benchmark's waiting processes do not."""
+    ready, go, finish = gates
     client: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
     try:
         locks = client[database].locks
-        locks.find_one({"_id": LOCK}, projection={"_id": 1})  # connected
-        barrier.wait(BOUND)
+        locks.find_one({"_id": LOCK}, projection={"_id": 1})  # connected before the burst
+        ready.wait(BOUND)
+        go.wait(BOUND)
         sent = time.monotonic()
         if kind == "read":
             locks.find_one({"_id": LOCK})
         elif kind == "own":
-            locks.update_one({"_id": f"own-{index}"}, _appended(index), upsert=True)
+            locks.update_one({"_id": f"own-{index}"}, _appended(index))
         else:
             locks.update_one({"_id": LOCK}, _appended(index))
         out.put((sent, time.monotonic()))
+        finish.wait(BOUND)
+    except BaseException:
+        # The others, and the writer, learn of it at once instead of at their bound.
+        ready.abort()
+        go.abort()
+        raise
     finally:
         client.close()
+
+
+def split(writes: Sample, released: float, last: float) -> tuple[list[float], ...]:
+    """The writes' times before the burst (sent before ``released``), during it (up to
+    the ``last`` answer) and after it."""
+    return (
+        [took for at, took in writes if at < released],
+        [took for at, took in writes if released <= at <= last],
+        [took for at, took in writes if at > last],
+    )
 
 
 def _conflicts(client: MongoClient[dict[str, Any]]) -> int:
@@ -92,17 +132,24 @@ def _conflicts(client: MongoClient[dict[str, Any]]) -> int:
     return int(status["metrics"]["operation"]["writeConflicts"])
 
 
-def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> dict[str, Any]:
+def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> Run:
     """One run: ``processes`` processes send a request of ``kind`` at once while this one
-    writes the lock's document every ``PACE`` seconds. ``database`` is dropped before and
-    after."""
+    writes the lock's document, ``PACE`` seconds after each write. ``database`` is
+    dropped before and after."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-    ctx = multiprocessing.get_context("fork")  # hundreds of processes start in seconds
-    barrier = ctx.Barrier(processes + 1)
-    out: Queue[Any] = ctx.Queue()
+    if processes < 1:
+        raise ValueError(f"processes must be at least 1; got {processes}")
+    # Fork: hundreds of processes start in seconds, where spawn takes a minute on two
+    # cores. They inherit the parent's threads and any client it holds (a test's), but
+    # use neither: each opens its own client, and pymongo resets its locks after a fork.
+    ctx = multiprocessing.get_context("fork")
+    ready, go, finish = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1), ctx.Event()
+    out: Queue[tuple[float, float]] = ctx.Queue()
     askers = [
-        ctx.Process(target=_asker, args=(url, database, kind, i, barrier, out), daemon=True)
+        ctx.Process(
+            target=_asker, args=(url, database, kind, i, (ready, go, finish), out), daemon=True
+        )
         for i in range(processes)
     ]
     for asker in askers:
@@ -113,58 +160,80 @@ def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> dict
         client.drop_database(database)
         locks = client[database].locks
         locks.insert_one({"_id": LOCK, "n": 0, "waiters": []})
-        conflicts = _conflicts(client)
+        # Every kind's request an update of a document that exists, or a read.
+        locks.insert_many([{"_id": f"own-{i}", "waiters": []} for i in range(processes)])
         writes: Sample = []
+
+        def write() -> None:
+            time.sleep(PACE)
+            started = time.monotonic()
+            locks.update_one({"_id": LOCK}, [{"$set": {"n": {"$add": ["$n", 1]}}}])
+            writes.append((started, time.monotonic() - started))
 
         def write_for(seconds: float) -> None:
             end = time.monotonic() + seconds
+            write()
             while time.monotonic() < end:
-                time.sleep(PACE)
-                started = time.monotonic()
-                locks.update_one({"_id": LOCK}, [{"$set": {"n": {"$add": ["$n", 1]}}}])
-                writes.append((started, time.monotonic() - started))
+                write()
 
+        ready.wait(BOUND)  # every process connected: the quiet before starts now
+        conflicts = _conflicts(client)
         write_for(BEFORE)
-        barrier.wait(BOUND)  # every process has connected
-        released = time.monotonic()
+        released = time.monotonic()  # nobody passes go before the writer arrives
+        go.wait(BOUND)
         answers: list[tuple[float, float]] = []
         while len(answers) < processes:
-            write_for(0.0 if not out.empty() else PACE)
             while not out.empty() and len(answers) < processes:
                 answers.append(out.get(timeout=BOUND))
+            if len(answers) == processes:
+                break
+            if dead := [a.exitcode for a in askers if a.exitcode not in (None, 0)]:
+                raise RuntimeError(f"{len(dead)} processes ended without answering: {dead}")
             if time.monotonic() - released > BOUND:
                 raise TimeoutError(f"{processes - len(answers)} processes did not answer")
+            write()
         last = max(answered for _sent, answered in answers)
         write_for(AFTER)
         conflicts = _conflicts(client) - conflicts
-        line = len((locks.find_one({"_id": LOCK}) or {}).get("waiters", []))
-        own = locks.count_documents({"_id": {"$ne": LOCK}})
-        client.drop_database(database)
+        finish.set()
+        lock = locks.find_one({"_id": LOCK}) or {}
+        own = locks.count_documents({"_id": {"$ne": LOCK}, "waiters.0": {"$exists": True}})
     finally:
-        client.close()
+        finish.set()
+        ready.abort()
+        go.abort()
+        deadline = time.monotonic() + BOUND
         for asker in askers:
-            asker.join(BOUND)
+            asker.join(max(0.0, deadline - time.monotonic()))
+        for asker in askers:
+            if asker.is_alive():
+                asker.terminate()
+                asker.join(5)
+        client.drop_database(database)
+        client.close()
+    before, during, after = split(writes, released, last)
     return {
         "kind": kind,
         "burst": last - released,
         "requests": [answered - sent for sent, answered in answers],
-        "before": [took for at, took in writes if at < released],
-        "during": [took for at, took in writes if released <= at <= last],
-        "after": [took for at, took in writes if at > last],
+        "before": before,
+        "during": during,
+        "after": after,
+        "writes": int(lock.get("n", 0)),
         "conflicts": conflicts,
-        "line": line,
+        "line": len(lock.get("waiters", [])),
         "own": own,
     }
 
 
-def _ms(values: Sequence[float], pick: str) -> str:
+def _ms(values: Sequence[float], pick: Literal["p50", "max"]) -> str:
     if not values:
         return "-"
     value = statistics.median(values) if pick == "p50" else max(values)
     return f"{value * 1000:.2f}"
 
 
-def row(run: dict[str, Any]) -> str:
+def row(run: Run) -> str:
     """One run as a table row."""
     cells = [
         KINDS[run["kind"]],
@@ -180,6 +249,7 @@ def row(run: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Print a table of ``RUNS`` runs of each kind, the kinds taking turns."""
     arguments = sys.argv[1:] if argv is None else argv
     processes = int(arguments[0]) if arguments else 200
     runs = int(arguments[1]) if len(arguments) > 1 else 2

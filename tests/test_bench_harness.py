@@ -99,8 +99,8 @@ def test_after_arrival_keeps_the_releases_that_began_once_every_process_asked() 
 def test_a_release_counts_in_the_arrival_by_when_it_was_called() -> None:
     """Not by when it returned, nor by when its holder got the key: a release called
     before the last process asked (at 4.0) and returned after it is during the arrival;
-    one called at 4.0, or after it by a holder that got the key before it, is not. Every
-    release is on one side."""
+    one called at 4.0 by a holder that got the key before it, or called after it, is
+    not. Every release is on one side."""
     workers = [
         {"worker": 0, "asked": 0.0, "records": [(0.0, 3.5, 3.75, 4.25), (5.0, 5.5, 6.0, 6.125)]},
         {"worker": 1, "asked": 4.0, "records": [(4.0, 4.5, 5.0, 5.0625)]},
@@ -651,19 +651,27 @@ def test_a_burst_of_processes_sends_its_requests_while_the_lock_is_written(
     mongolock_url: str, mongolock_database: str, kind: str, line: int, own: int
 ) -> None:
     """Three real processes send one request each, of the kind asked: places on the lock's
-    line, documents of their own, or nothing written; the writer's times are split
-    around the burst, every write counted once."""
+    line, on documents of their own, or nothing written; every write of the writer is
+    timed once, before, during or after the burst."""
     run = arrival_load.burst(mongolock_url, kind, 3, database=mongolock_database)
     assert (run["line"], run["own"]) == (line, own)
     assert len(run["requests"]) == 3
     assert all(0 < took < arrival_load.BOUND for took in run["requests"])
     assert 0 <= run["burst"] < arrival_load.BOUND
-    # The writer paces its writes 5 ms apart: half a second before, one after.
-    assert len(run["before"]) >= 10
-    assert len(run["after"]) >= 20
+    assert run["before"]
+    assert run["after"]
+    assert len(run["before"]) + len(run["during"]) + len(run["after"]) == run["writes"]
     assert arrival_load.row(run).startswith(f"| {arrival_load.KINDS[kind]} | ")
 
 
-def test_a_burst_of_an_unknown_kind_is_refused_before_any_process_starts() -> None:
+def test_the_writes_are_split_around_the_burst_by_when_they_were_sent() -> None:
+    """Sent at the release: during; at the last answer: during; after it: after."""
+    writes = [(0.5, 0.001), (1.0, 0.002), (1.5, 0.003), (2.0, 0.004), (2.5, 0.005)]
+    assert arrival_load.split(writes, 1.0, 2.0) == ([0.001], [0.002, 0.003, 0.004], [0.005])
+
+
+def test_a_burst_of_an_unknown_kind_or_no_process_is_refused_before_any_starts() -> None:
     with pytest.raises(ValueError, match="kind must be one of read, own, same; got 'write'"):
         arrival_load.burst("mongodb://127.0.0.1:1", "write", 3)
+    with pytest.raises(ValueError, match="processes must be at least 1; got 0"):
+        arrival_load.burst("mongodb://127.0.0.1:1", "read", 0)
