@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, TypedDict
 
 from pymongo import MongoClient
 
+from benchmarks.scale import server_counters
 from benchmarks.servers import mongo_server
+from benchmarks.stats import ms, summary
 
 __all__ = ["KINDS", "Run", "burst", "main", "row", "split"]
 
@@ -127,11 +128,6 @@ def split(writes: Sample, released: float, last: float) -> tuple[list[float], ..
     )
 
 
-def _conflicts(client: MongoClient[dict[str, Any]]) -> int:
-    status = client.admin.command("serverStatus")
-    return int(status["metrics"]["operation"]["writeConflicts"])
-
-
 def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> Run:
     """One run: ``processes`` processes send a request of ``kind`` at once while this one
     writes the lock's document, ``PACE`` seconds after each write. ``database`` is
@@ -177,7 +173,7 @@ def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> Run:
                 write()
 
         ready.wait(BOUND)  # every process connected: the quiet before starts now
-        conflicts = _conflicts(client)
+        conflicts = server_counters(client)["conflicts"]
         write_for(BEFORE)
         released = time.monotonic()  # nobody passes go before the writer arrives
         go.wait(BOUND)
@@ -194,8 +190,7 @@ def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> Run:
             write()
         last = max(answered for _sent, answered in answers)
         write_for(AFTER)
-        conflicts = _conflicts(client) - conflicts
-        finish.set()
+        conflicts = server_counters(client)["conflicts"] - conflicts
         lock = locks.find_one({"_id": LOCK}) or {}
         own = locks.count_documents({"_id": {"$ne": LOCK}, "waiters.0": {"$exists": True}})
     finally:
@@ -226,23 +221,14 @@ def burst(url: str, kind: str, processes: int, database: str = DATABASE) -> Run:
     }
 
 
-def _ms(values: Sequence[float], pick: Literal["p50", "max"]) -> str:
-    if not values:
-        return "-"
-    value = statistics.median(values) if pick == "p50" else max(values)
-    return f"{value * 1000:.2f}"
-
-
 def row(run: Run) -> str:
     """One run as a table row."""
+    phases = [summary(run[phase]) for phase in ("before", "during", "after")]
     cells = [
         KINDS[run["kind"]],
-        f"{run['burst'] * 1000:.0f} ms",
-        f"{_ms(run['requests'], 'p50')} ms",
-        *(
-            f"{_ms(run[phase], 'p50')} / {_ms(run[phase], 'max')} ms ({len(run[phase])})"
-            for phase in ("before", "during", "after")
-        ),
+        ms(run["burst"], 0),
+        ms(summary(run["requests"])["p50"]),
+        *(f"{ms(p['p50'])} / {ms(p['max'])} ({p['n']:.0f})" for p in phases),
         str(run["conflicts"]),
     ]
     return "| " + " | ".join(cells) + " |"
