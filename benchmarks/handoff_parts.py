@@ -17,13 +17,17 @@ A release is sent after the holder's 5 ms hold, during which the server had litt
 do (the others wait in line), and a request after such a pause may be answered later
 than one sent right after another. So last, in one process with nobody else
 (``lone``), a raw majority update and an uncontended ``acquire()``, each sent back to
-back and after the same pause as a release, in alternating blocks. See
-docs/performance.md.
+back and after the same pause as a release, in alternating blocks: once alone, once with
+a change stream open on the database in another process, as the waiters' streams are
+during a handoff (with one awaiting, a majority write after a pause returns sooner on the
+machines measured). ``python -m benchmarks.handing_write`` shows what the release's own
+write costs the server. See docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import queue
 import sys
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pymongo import MongoClient
 
+from benchmarks.handing_write import stream_open
 from benchmarks.servers import mongo_server
 from benchmarks.stats import quantile
 
@@ -247,17 +252,24 @@ def paced(
 
 
 def lone(
-    url: str, count: int, database: str = DATABASE, block: int = BLOCK
+    url: str, count: int, database: str = DATABASE, block: int = BLOCK, *, stream: bool = False
 ) -> dict[str, list[float]]:
     """One process, nobody else: a raw majority update and an uncontended ``acquire()``
     (the default, blocking call, as the handoff target's reference makes it; released at
     once, untimed), each back to back and ``HOLD`` apart: ``count`` round trips of each,
-    by the row name ``main`` prints.
+    by the row name ``main`` prints. With ``stream``, a change stream is open on the
+    database in another process meanwhile (``handing_write.stream_open``), as the
+    waiters' streams are during a handoff: the rows say so.
 
     The kinds take turns in blocks of ``block``, so that a slower minute of a shared
     machine weighs on all of them alike; each block's first request is left out (it
     follows another kind's), and so are ``WARM_UP`` requests of each kind first.
     """
+    with stream_open(url, database) if stream else contextlib.nullcontext():
+        return _lone(url, count, database, block, ", a change stream open" if stream else "")
+
+
+def _lone(url: str, count: int, database: str, block: int, suffix: str) -> dict[str, list[float]]:
     from django_mongolock import LockManager
 
     writer: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
@@ -282,7 +294,7 @@ def lone(
             }
             pacings = {"back to back": 0.0, f"{_AFTER_HOLD} after the previous request": HOLD}
             kinds = {
-                f"{request}, {pacing}": (send, pause)
+                f"{request}, {pacing}{suffix}": (send, pause)
                 for request, send in requests.items()
                 for pacing, pause in pacings.items()
             }
@@ -329,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             mine = ours(server.url, handoffs, processes, pause=pause)
             floor = raw(server.url, handoffs)
             single = lone(server.url, handoffs - WARM_UP)
+            single |= lone(server.url, handoffs - WARM_UP, stream=True)
         finally:
             cleaner: MongoClient[dict[str, Any]] = MongoClient(server.url)
             cleaner.drop_database(DATABASE)

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -24,7 +24,15 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from benchmarks import arrival_load, handoff_parts, line_cost, scale, tick_cpu, workers
+from benchmarks import (
+    arrival_load,
+    handing_write,
+    handoff_parts,
+    line_cost,
+    scale,
+    tick_cpu,
+    workers,
+)
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
@@ -529,12 +537,17 @@ def test_paced_requests_wait_the_pause_after_the_previous_one_and_time_only_the_
     assert times == pytest.approx([0.002] * 4)
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
-    mongolock_url: str, mongolock_database: str
+    mongolock_url: str, mongolock_database: str, stream: bool
 ) -> None:
     """Raw updates and uncontended acquires, back to back and paced: ``count`` of each,
-    and each lock released again (closing the manager would not release it)."""
-    times = handoff_parts.lone(mongolock_url, 7, database=mongolock_database, block=3)
+    and each lock released again (closing the manager would not release it); with a
+    change stream open, the rows say so."""
+    times = handoff_parts.lone(
+        mongolock_url, 7, database=mongolock_database, block=3, stream=stream
+    )
+    suffix = ", a change stream open" if stream else ""
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
         locks = client[mongolock_database]["locks"]
@@ -543,14 +556,111 @@ def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
     finally:
         client.close()
     assert set(times) == {
-        "raw: majority update, back to back",
-        "raw: majority update, 5 ms after the previous request",
-        "ours: acquire(), back to back",
-        "ours: acquire(), 5 ms after the previous request",
+        name + suffix
+        for name in (
+            "raw: majority update, back to back",
+            "raw: majority update, 5 ms after the previous request",
+            "ours: acquire(), back to back",
+            "ours: acquire(), 5 ms after the previous request",
+        )
     }
     assert [len(values) for values in times.values()] == [7] * 4
     assert keys == [f"lone-{n}" for n in range(handoff_parts.LONE_KEYS)]
     assert held == 0
+
+
+def _change_streams(url: str, database: str) -> list[str]:
+    """The operations of the change streams open on ``database`` (running or idle)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(url)
+    try:
+        ops = client.admin.aggregate(
+            [
+                {"$currentOp": {"idleCursors": True, "allUsers": True}},
+                {
+                    "$match": {
+                        "cursor.originatingCommand.pipeline.0.$changeStream": {"$exists": True},
+                        "ns": {"$regex": f"^{database}\\."},
+                    }
+                },
+            ]
+        )
+        return [op.get("op", "") for op in ops]
+    finally:
+        client.close()
+
+
+def test_a_change_stream_is_open_on_the_database_while_the_block_runs(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """``stream_open``: one stream on the database, in another process, open when the
+    block starts; closed once it ended."""
+    with handing_write.stream_open(mongolock_url, mongolock_database):
+        assert len(_change_streams(mongolock_url, mongolock_database)) == 1
+    until(
+        lambda: not _change_streams(mongolock_url, mongolock_database),
+        timeout=10,
+        what="the change stream closed",
+    )
+
+
+def test_the_copy_of_a_lock_renews_its_lease_and_its_places_and_keeps_the_rest() -> None:
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    lock: dict[str, Any] = {
+        "_id": "k",
+        "owner": "a",
+        "token": 7,
+        "expires_at": now,
+        "waiters": [{"owner": "b", "until": now, "hand": True}, {"owner": "c", "until": None}],
+        "ended": ["z"],
+    }
+    copy = handing_write.copy_of(lock, now)
+    assert copy == {
+        **lock,
+        "_id": handing_write.COPY,
+        "expires_at": now + handing_write.LEASE_LEFT,
+        "waiters": [
+            {"owner": "b", "until": now + handing_write.PLACE_LEFT, "hand": True},
+            {"owner": "c", "until": now + handing_write.PLACE_LEFT},
+        ],
+    }
+    assert lock["_id"] == "k"  # the lock itself is left as it was
+    assert lock["waiters"][0]["until"] == now
+
+
+def test_the_handing_write_probe_times_every_kind_and_drops_its_database(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """Every kind with both write concerns, ``writes`` times each (the probe itself checks
+    that each handing release handed the lock on and each write for no document changed
+    nothing); the database is gone afterwards."""
+    times = handing_write.measure(mongolock_url, 3, places=2, database=mongolock_database, block=2)
+    assert set(times) == {
+        f"{kind}, {concern}" for kind in handing_write.KINDS for concern in handing_write.CONCERNS
+    }
+    assert all(len(values) == 3 for values in times.values())
+    assert all(0 < took < handing_write.BOUND for values in times.values() for took in values)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        assert mongolock_database not in client.list_database_names()
+    finally:
+        client.close()
+
+
+def test_the_handing_write_probe_refuses_a_release_that_hands_nothing_on(
+    mongolock_url: str, mongolock_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handing release that changes nothing (here: sent for another holder) is not timed
+    as one: the probe stops with an error naming the kind."""
+    commands = handing_write._commands
+
+    def wrong_holder(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        made = commands(lock)
+        made["handing"]["updates"][0]["q"]["owner"] = "somebody else"
+        return made
+
+    monkeypatch.setattr(handing_write, "_commands", wrong_holder)
+    with pytest.raises(RuntimeError, match="'handing' changed 0 documents, not 1"):
+        handing_write.measure(mongolock_url, 2, places=1, database=mongolock_database, block=1)
 
 
 def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_sent(
