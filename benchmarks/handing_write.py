@@ -3,7 +3,8 @@
 ``python -m benchmarks.handing_write [WRITES] [--places N]`` (defaults 400 and 3): a lock
 document with a holder and N waiters in line, made by the store itself, is copied to a
 document of its own before each timed write, with its lease and its places renewed
-(by this host's clock), so that every write meets the same line. Then, each after a
+(by this host's clock) as behind a held lease of the default 30 s, so that every write
+meets the same line, whose places behind its head the handoff cuts. Then, each after a
 quiet of ``HOLD`` (as a release after a hold is) and in alternating blocks:
 
 * ``handing``: the release that hands the lock to the first in line
@@ -41,6 +42,7 @@ from pymongo import MongoClient
 from benchmarks.servers import mongo_server
 from benchmarks.stats import quantile
 from django_mongolock.queries import handing_release
+from django_mongolock.queries.common import LINE_CHECK_MS, PLACE_GRACE_MS
 
 __all__ = ["KINDS", "copy_of", "main", "measure", "stream_open"]
 
@@ -55,11 +57,13 @@ HOLD: Final = 0.005
 BLOCK: Final = 50
 # Bounds every wait on the stream's process.
 BOUND: Final = 60.0
-# How long the copy's places and lease last from each reset: its places live, and none
-# so far off that the handoff's cut of the places behind its head changes them (it
-# cuts to 7 s), as in a line whose waiters look again on time.
-PLACE_LEFT: Final = timedelta(seconds=6)
-LEASE_LEFT: Final = timedelta(seconds=60)
+# How long the copy's lease lasts from each reset (the default ttl), and its places the
+# grace period beyond it, as waiters' places behind a held lease do: the handoff cuts
+# the places behind its new head (to the line check and the grace period from now).
+LEASE_LEFT: Final = timedelta(seconds=30)
+PLACE_LEFT: Final = LEASE_LEFT + timedelta(milliseconds=PLACE_GRACE_MS)
+# Where the handoff cuts the places behind its new head.
+CUT: Final = timedelta(milliseconds=LINE_CHECK_MS + PLACE_GRACE_MS)
 KINDS: Final = ("handing", "same fields", "handing, no document", "small pipeline, no document")
 CONCERNS: Final = {"w: 1": {"w": 1}, "majority": {"w": "majority"}}
 
@@ -111,8 +115,8 @@ def copy_of(lock: dict[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def _line(url: str, database: str, places: int) -> dict[str, Any]:
-    """A lock document of ``KEY`` with a holder and ``places`` waiters in line, as the
-    store writes them."""
+    """A lock document of ``KEY`` with a holder and ``places`` waiters in line (at least
+    two), as the store writes them."""
     from django_mongolock import LockManager
 
     manager = LockManager(url, database=database, collection=COLLECTION)
@@ -143,10 +147,11 @@ def _commands(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "released_at": copy["acquired_at"],
         "head": secrets.token_hex(16),
         "ended": [secrets.token_hex(16), *copy.get("ended", ())][:16],
-        # The new holder's place marked lapsed, the new head's cut: two places, as a
-        # handoff changes them.
+        # The new holder's place marked lapsed, the new head's cut, and those behind it
+        # cut, as a handoff changes them.
         "waiters.0.until": None,
         "waiters.1.until": copy["acquired_at"],
+        **{f"waiters.{n}.until": copy["acquired_at"] + CUT for n in range(2, len(copy["waiters"]))},
     }
     updates = {
         "handing": (handing.filter, handing.pipeline),
@@ -216,10 +221,12 @@ def _block(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.handing_write")
     parser.add_argument("writes", nargs="?", type=int, default=400, help="of each kind")
-    parser.add_argument("--places", type=int, default=3, help="waiters in line (default 3)")
+    parser.add_argument(
+        "--places", type=int, default=3, help="waiters in line (default 3, at least 2)"
+    )
     options = parser.parse_args(argv)
-    if options.writes < 1 or options.places < 1:
-        parser.error("needs at least one write and one place in line")
+    if options.writes < 1 or options.places < 2:
+        parser.error("needs at least one write and two places in line")
     with mongo_server() as server:
         print(
             f"MongoDB {server.version} ({server.topology}); {options.places} places in line, "

@@ -660,7 +660,7 @@ def test_the_handing_write_probe_refuses_a_release_that_hands_nothing_on(
 
     monkeypatch.setattr(handing_write, "_commands", wrong_holder)
     with pytest.raises(RuntimeError, match="'handing' changed 0 documents, not 1"):
-        handing_write.measure(mongolock_url, 2, places=1, database=mongolock_database, block=1)
+        handing_write.measure(mongolock_url, 2, places=2, database=mongolock_database, block=1)
 
 
 def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_sent(
