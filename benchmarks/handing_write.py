@@ -8,43 +8,51 @@ meets the same line, whose places behind its head the handoff cuts. Then, each a
 quiet of ``HOLD`` (as a release after a hold is) and in alternating blocks:
 
 * ``handing``: the release that hands the lock to the first in line
-  (``queries.handing_release``), which must change the copy;
-* ``same fields``: an update that writes literal values into the fields the handing
-  release changes: what the write costs without the pipeline's work;
+  (``queries.handing_release``); checked, untimed, to have made the first in line its
+  holder and the second its head;
+* ``same fields``: an update that writes literal values into every field the handing
+  release changes (``same_fields``): what the write costs without the pipeline's
+  work;
 * ``handing, no document``: the same handing release sent for a key that has no
   document: the server parses it and finds nothing to change;
 * ``small pipeline, no document``: a one-field pipeline for that key.
 
 Each with ``w: 1`` (the server's own work: parse, evaluate, apply) and with ``w:
 "majority"`` (as a release is sent). The first two differ by what the pipeline costs,
-the last two by what parsing its 3 KB costs. A change stream stays open on the database
-in another process meanwhile (``stream_open``), as the waiters' streams are during a
-handoff: with one awaiting, a majority write after a quiet returns sooner on the
-machines measured (docs/performance.md). Against the server in ``MONGOLOCK_URL``, or a
-development server started for the run.
+the last two by what the server does with its 3 KB before it looks for the document
+(parsing it, mostly; not measured apart). A change stream with the watcher's filter stays
+open on the lock collection in another process meanwhile (``idle_streams.held_open``),
+as waiters' streams are during a handoff: on the machine measured, a majority write
+after a quiet returned sooner with one open (docs/performance.md). Against the server
+in ``MONGOLOCK_URL``, or a development server started for the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import multiprocessing
 import secrets
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from multiprocessing.synchronize import Event
 from typing import Any, Final
 
 from pymongo import MongoClient
+from pymongo.database import Database
 
+from benchmarks.idle_streams import held_open
 from benchmarks.servers import mongo_server
-from benchmarks.stats import quantile
-from django_mongolock.queries import handing_release
-from django_mongolock.queries.common import LINE_CHECK_MS, PLACE_GRACE_MS
+from benchmarks.stats import row
+from django_mongolock.queries import Release, handing_release
+from django_mongolock.queries.common import (
+    ENDED_KEEP,
+    HANDOFF_LEASE_MS,
+    LAPSED_PLACE,
+    LINE_CHECK_MS,
+    PLACE_GRACE_MS,
+)
 
-__all__ = ["KINDS", "copy_of", "main", "measure", "stream_open"]
+__all__ = ["KINDS", "copy_of", "main", "measure", "same_fields"]
 
 DATABASE: Final = "mongolock_handing_write"
 COLLECTION: Final = "locks"
@@ -68,42 +76,6 @@ KINDS: Final = ("handing", "same fields", "handing, no document", "small pipelin
 CONCERNS: Final = {"w: 1": {"w": 1}, "majority": {"w": "majority"}}
 
 
-def _watch(url: str, database: str, ready: Event, stop: Event) -> None:
-    """In a process of its own: a change stream on ``database`` until ``stop``; it reports
-    only drops, which nothing measured makes."""
-    client: MongoClient[dict[str, Any]] = MongoClient(url)
-    try:
-        stages = [{"$match": {"operationType": "drop"}}]
-        with client[database].watch(stages, max_await_time_ms=200) as stream:
-            ready.set()
-            while not stop.is_set() and stream.alive:
-                stream.try_next()
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def stream_open(url: str, database: str) -> Iterator[None]:
-    """A change stream awaiting events on ``database``, in another process, while the
-    block runs (it is open before the block starts)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
-    watcher = ctx.Process(target=_watch, args=(url, database, ready, stop), daemon=True)
-    watcher.start()
-    try:
-        until = time.monotonic() + BOUND
-        while not ready.wait(0.1):
-            if not watcher.is_alive() or time.monotonic() > until:
-                raise RuntimeError("the change stream did not open")
-        yield
-    finally:
-        stop.set()
-        watcher.join(BOUND)
-        if watcher.is_alive():
-            watcher.terminate()
-            watcher.join(BOUND)
-
-
 def copy_of(lock: dict[str, Any], now: datetime) -> dict[str, Any]:
     """``lock`` as the document ``COPY``, its lease and its places renewed from ``now``."""
     return {
@@ -122,9 +94,10 @@ def _line(url: str, database: str, places: int) -> dict[str, Any]:
     manager = LockManager(url, database=database, collection=COLLECTION)
     try:
         store = manager.store
-        store.acquire(KEY, secrets.token_hex(16), 60)
+        ttl = LEASE_LEFT.total_seconds()
+        store.acquire(KEY, secrets.token_hex(16), ttl)
         for _ in range(places):
-            store.acquire(KEY, secrets.token_hex(16), 60, queue=True)
+            store.acquire(KEY, secrets.token_hex(16), ttl, queue=True)
         lock: dict[str, Any] | None = store.collection.find_one({"_id": KEY})
     finally:
         manager.close()
@@ -133,35 +106,45 @@ def _line(url: str, database: str, places: int) -> dict[str, Any]:
     return lock
 
 
+def same_fields(lock: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The ``$set`` of literal values into every field a handoff of ``copy_of(lock)``
+    changes (``handing.release_stage``): the holder's, ``released_at``, ``head``,
+    ``ended``, ``group`` and ``kind``, the new holder's place replaced by a lapsed one,
+    and the places behind it cut. ``now``: a time later than the lock's acquisition."""
+    places = lock["waiters"]
+    return {
+        "owner": places[0]["owner"],
+        "token": lock["token"] + 1,
+        "acquired_at": now,
+        "refreshed_at": now,
+        "expires_at": now + timedelta(milliseconds=HANDOFF_LEASE_MS),
+        "ttl": places[0]["ttl"],
+        "released_at": now,
+        "head": places[1]["owner"],
+        "ended": [lock["owner"], *lock.get("ended", ())][:ENDED_KEEP],
+        "group": None,
+        "kind": None,
+        "waiters.0": LAPSED_PLACE,
+        "waiters.1.until": now + timedelta(milliseconds=PLACE_GRACE_MS),
+        **{f"waiters.{n}.until": now + CUT for n in range(2, len(places))},
+    }
+
+
 def _commands(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The update command of each kind (without its write concern)."""
-    copy = copy_of(lock, datetime.now(UTC))
-    handing = handing_release(COPY, copy["owner"], copy["token"])
-    same = {
-        "owner": secrets.token_hex(16),
-        "token": copy["token"] + 1,
-        "acquired_at": copy["acquired_at"],
-        "refreshed_at": copy["acquired_at"],
-        "expires_at": copy["expires_at"],
-        "ttl": copy["ttl"],
-        "released_at": copy["acquired_at"],
-        "head": secrets.token_hex(16),
-        "ended": [secrets.token_hex(16), *copy.get("ended", ())][:16],
-        # The new holder's place marked lapsed, the new head's cut, and those behind it
-        # cut, as a handoff changes them.
-        "waiters.0.until": None,
-        "waiters.1.until": copy["acquired_at"],
-        **{f"waiters.{n}.until": copy["acquired_at"] + CUT for n in range(2, len(copy["waiters"]))},
-    }
-    updates = {
-        "handing": (handing.filter, handing.pipeline),
-        "same fields": ({"_id": COPY}, {"$set": same}),
-        "handing, no document": ({**handing.filter, "_id": ABSENT}, handing.pipeline),
-        "small pipeline, no document": ({"_id": ABSENT}, [{"$set": {"n": 1}}]),
-    }
+    handing = handing_release(COPY, lock["owner"], lock["token"])
+    same = {"$set": same_fields(lock, datetime.now(UTC))}
     return {
-        kind: {"update": COLLECTION, "updates": [{"q": query, "u": update}]}
-        for kind, (query, update) in updates.items()
+        "handing": handing.command(COLLECTION),
+        # An update document, not a pipeline: a pipeline's ``$set`` would read
+        # ``waiters.0`` as a field of every place.
+        "same fields": {"update": COLLECTION, "updates": [{"q": {"_id": COPY}, "u": same}]},
+        "handing, no document": Release(
+            {**handing.filter, "_id": ABSENT}, handing.pipeline
+        ).command(COLLECTION),
+        "small pipeline, no document": Release({"_id": ABSENT}, [{"$set": {"n": 1}}]).command(
+            COLLECTION
+        ),
     }
 
 
@@ -186,7 +169,7 @@ def measure(
         times: dict[str, list[float]] = {
             f"{kind}, {concern}": [] for kind in KINDS for concern in CONCERNS
         }
-        with stream_open(url, database):
+        with held_open(url, 1, database=database, collection=COLLECTION):
             while min(len(values) for values in times.values()) < writes:
                 for kind in KINDS:
                     for concern, write_concern in CONCERNS.items():
@@ -200,22 +183,44 @@ def measure(
 
 
 def _block(
-    db: Any, lock: dict[str, Any], kind: str, command: dict[str, Any], count: int
+    db: Database[dict[str, Any]],
+    lock: dict[str, Any],
+    kind: str,
+    command: dict[str, Any],
+    count: int,
 ) -> list[float]:
-    """``count`` sends of ``command``, each after the copy was reset and ``HOLD`` passed."""
+    """``count`` sends of ``command``, each after the copy was reset and ``HOLD`` passed;
+    each checked (untimed) for what its kind must do."""
     times = []
+    locks = db[COLLECTION]
     for _ in range(count):
-        db[COLLECTION].replace_one({"_id": COPY}, copy_of(lock, datetime.now(UTC)), upsert=True)
+        locks.replace_one({"_id": COPY}, copy_of(lock, datetime.now(UTC)), upsert=True)
         time.sleep(HOLD)
         started = time.perf_counter()
         reply = db.command(command)
         times.append(time.perf_counter() - started)
-        changed = 1 if kind in ("handing", "same fields") else 0
-        if reply.get("nModified") != changed:
-            raise RuntimeError(
-                f"{kind!r} changed {reply.get('nModified')} documents, not {changed}"
-            )
+        _check(kind, reply, lock, locks.find_one({"_id": COPY}, {"owner": 1, "head": 1}))
     return times
+
+
+def _check(
+    kind: str, reply: dict[str, Any], lock: dict[str, Any], copy: dict[str, Any] | None
+) -> None:
+    """Raise RuntimeError unless the write did what ``kind`` names: the handing release
+    handed the copy to the first in line (its head the second), a write for no document
+    matched none."""
+    if kind.endswith("no document"):
+        wrong = reply.get("n") != 0
+    else:
+        wrong = reply.get("nModified") != 1
+        if kind == "handing" and copy is not None:
+            places = lock["waiters"]
+            wrong = wrong or (copy.get("owner"), copy.get("head")) != (
+                places[0]["owner"],
+                places[1]["owner"],
+            )
+    if wrong:
+        raise RuntimeError(f"{kind!r} did not do what it is timed for: {reply}, then {copy}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,8 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| write | p50 | p90 | n |")
     print("|---|---|---|---|")
     for name, values in times.items():
-        p50, p90 = quantile(values, 0.5), quantile(values, 0.9)
-        print(f"| {name} | {p50 * 1e3:.3f} ms | {p90 * 1e3:.3f} ms | {len(values)} |")
+        print(row(name, values))
     return 0
 
 

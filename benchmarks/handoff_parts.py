@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pymongo import MongoClient
 
-from benchmarks.handing_write import stream_open
+from benchmarks.idle_streams import held_open
 from benchmarks.servers import mongo_server
-from benchmarks.stats import quantile
+from benchmarks.stats import row
 
 if TYPE_CHECKING:
     from django_mongolock import Lock
@@ -257,15 +257,17 @@ def lone(
     """One process, nobody else: a raw majority update and an uncontended ``acquire()``
     (the default, blocking call, as the handoff target's reference makes it; released at
     once, untimed), each back to back and ``HOLD`` apart: ``count`` round trips of each,
-    by the row name ``main`` prints. With ``stream``, a change stream is open on the
-    database in another process meanwhile (``handing_write.stream_open``), as the
-    waiters' streams are during a handoff: the rows say so.
+    by the row name ``main`` prints. With ``stream``, a change stream with the watcher's
+    filter is open on the lock collection in another process meanwhile
+    (``idle_streams.held_open``), as waiters' streams are during a handoff: the rows say
+    so.
 
     The kinds take turns in blocks of ``block``, so that a slower minute of a shared
     machine weighs on all of them alike; each block's first request is left out (it
     follows another kind's), and so are ``WARM_UP`` requests of each kind first.
     """
-    with stream_open(url, database) if stream else contextlib.nullcontext():
+    opened = held_open(url, 1, database=database, collection="locks")
+    with opened if stream else contextlib.nullcontext():
         return _lone(url, count, database, block, ", a change stream open" if stream else "")
 
 
@@ -311,11 +313,6 @@ def _lone(url: str, count: int, database: str, block: int, suffix: str) -> dict[
     return {name: values[:count] for name, values in times.items()}
 
 
-def _row(name: str, values: Sequence[float]) -> str:
-    p50, p90 = quantile(values, 0.5), quantile(values, 0.9)
-    return f"| {name} | {p50 * 1e3:.3f} ms | {p90 * 1e3:.3f} ms | {len(values)} |"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.handoff_parts")
     parser.add_argument("handoffs", nargs="?", type=int, default=400, help="per process")
@@ -340,27 +337,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             mine = ours(server.url, handoffs, processes, pause=pause)
             floor = raw(server.url, handoffs)
-            single = lone(server.url, handoffs - WARM_UP)
-            single |= lone(server.url, handoffs - WARM_UP, stream=True)
+            # Alone, with a stream, alone again: neither goes only first.
+            count = handoffs - WARM_UP
+            first = lone(server.url, count // 2)
+            streamed = lone(server.url, count, stream=True)
+            last = lone(server.url, count - count // 2)
+            single = {name: first[name] + last[name] for name in first} | streamed
         finally:
             cleaner: MongoClient[dict[str, Any]] = MongoClient(server.url)
             cleaner.drop_database(DATABASE)
             cleaner.close()
         print("| step | p50 | p90 | n |")
         print("|---|---|---|---|")
-        print(_row(f"raw: majority update, round trip ({_AFTER_HOLD} apart)", floor["write"]))
-        print(_row("raw: its change event, after the update returned", floor["event"]))
-        print(_row("ours: release(), round trip", mine["release"]))
-        print(_row("ours: the release's event at the new holder, after it returned", mine["event"]))
-        print(_row("ours: the new holder's acquire() returns, after its event", mine["wake"]))
-        print(_row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
+        print(row(f"raw: majority update, round trip ({_AFTER_HOLD} apart)", floor["write"]))
+        print(row("raw: its change event, after the update returned", floor["event"]))
+        print(row("ours: release(), round trip", mine["release"]))
+        print(row("ours: the release's event at the new holder, after it returned", mine["event"]))
+        print(row("ours: the new holder's acquire() returns, after its event", mine["wake"]))
+        print(row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
         print()
         print("One process alone: requests back to back, or after a pause as a release is:")
         print()
         print("| request | p50 | p90 | n |")
         print("|---|---|---|---|")
         for name, values in single.items():
-            print(_row(name, values))
+            print(row(name, values))
     return 0
 
 

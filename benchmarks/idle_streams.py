@@ -60,12 +60,14 @@ def held_open(
     """``streams`` idle change streams on ``database.collection`` while the block runs,
     each with the watcher's filter for a process of no lock (or ``pipeline``), waiting
     on the server for its next event, or, with ``poll``, asking for it every ``poll``
-    seconds without waiting there. The block starts once every stream waits."""
+    seconds without waiting there. The block starts once every stream waits; a stream
+    that failed meanwhile is an error once it ended (what the block measured was not
+    what it was named)."""
     ctx = multiprocessing.get_context("spawn")
-    ready, stop = ctx.Event(), ctx.Event()
+    ready, stop, broken = ctx.Event(), ctx.Event(), ctx.Event()
     holder = ctx.Process(
         target=_watch,
-        args=(url, streams, pipeline, poll, ready, stop, database, collection),
+        args=(url, streams, pipeline, poll, ready, stop, broken, database, collection),
         daemon=True,
     )
     holder.start()
@@ -74,6 +76,8 @@ def held_open(
             raise RuntimeError(f"{streams} change streams did not open in {OPEN_TIMEOUT:g} s")
         time.sleep(1)  # every stream waiting in its first getMore
         yield
+        if broken.is_set() or not holder.is_alive():
+            raise RuntimeError("a change stream closed before the block ended")
     finally:
         stop.set()
         holder.join(10)
@@ -88,10 +92,12 @@ def _watch(
     poll: float,
     ready: Event,
     stop: Event,
+    broken: Event,
     database: str,
     collection: str,
 ) -> None:
-    """The streams of ``held_open``, until ``stop``; ``ready`` once all are open."""
+    """The streams of ``held_open``, until ``stop``; ``ready`` once all are open,
+    ``broken`` if one fails."""
     client: MongoClient[dict[str, Any]] = MongoClient(url, maxPoolSize=streams + 10)
     opened = threading.Semaphore(0)
     failures: list[BaseException] = []
@@ -110,6 +116,7 @@ def _watch(
                         stop.wait(poll)  # asked again at once after an event
         except BaseException as exc:
             failures.append(exc)
+            broken.set()
             opened.release()
 
     threads = [threading.Thread(target=watch, args=(n,), daemon=True) for n in range(streams)]

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["ms", "quantile", "ratio", "spread", "summary"]
+__all__ = ["ms", "quantile", "ratio", "row", "spread", "summary"]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -56,3 +56,10 @@ def ms(seconds: float, digits: int = 2) -> str:
     if math.isnan(seconds):
         return "n/a"
     return f"{seconds * 1000:.{digits}f} ms"
+
+
+def row(name: str, values: Sequence[float]) -> str:
+    """A table row of the probes: ``name``, the p50 and p90 of ``values`` (seconds) in
+    ms, and how many there were."""
+    p50, p90 = quantile(values, 0.5), quantile(values, 0.9)
+    return f"| {name} | {p50 * 1e3:.3f} ms | {p90 * 1e3:.3f} ms | {len(values)} |"

@@ -34,6 +34,7 @@ from benchmarks import (
     workers,
 )
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
+from benchmarks.idle_streams import held_open
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
 from benchmarks.stats import summary
@@ -579,7 +580,7 @@ def _change_streams(url: str, database: str) -> list[str]:
                 {
                     "$match": {
                         "cursor.originatingCommand.pipeline.0.$changeStream": {"$exists": True},
-                        "ns": {"$regex": f"^{database}\\."},
+                        "cursor.originatingCommand.$db": database,
                     }
                 },
             ]
@@ -589,13 +590,13 @@ def _change_streams(url: str, database: str) -> list[str]:
         client.close()
 
 
-def test_a_change_stream_is_open_on_the_database_while_the_block_runs(
+def test_the_streams_held_open_are_open_while_the_block_runs(
     mongolock_url: str, mongolock_database: str
 ) -> None:
-    """``stream_open``: one stream on the database, in another process, open when the
-    block starts; closed once it ended."""
-    with handing_write.stream_open(mongolock_url, mongolock_database):
-        assert len(_change_streams(mongolock_url, mongolock_database)) == 1
+    """``held_open``: the streams, in another process, open when the block starts (each
+    waiting in its getMore a second by then); closed once it ended."""
+    with held_open(mongolock_url, 2, database=mongolock_database, collection="locks"):
+        assert len(_change_streams(mongolock_url, mongolock_database)) == 2
     until(
         lambda: not _change_streams(mongolock_url, mongolock_database),
         timeout=10,
@@ -625,6 +626,54 @@ def test_the_copy_of_a_lock_renews_its_lease_and_its_places_and_keeps_the_rest()
     }
     assert lock["_id"] == "k"  # the lock itself is left as it was
     assert lock["waiters"][0]["until"] == now
+    # Past the cut of a handoff: the handing release the probe times cuts them.
+    assert handing_write.PLACE_LEFT > handing_write.CUT
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """The paths whose values differ: top-level fields, and each place by its index
+    (with the fields of it that changed)."""
+    paths = {
+        key
+        for key in before.keys() | after.keys()
+        if key != "waiters" and before.get(key, KeyError) != after.get(key, KeyError)
+    }
+    for index, (was, now) in enumerate(zip(before["waiters"], after["waiters"], strict=True)):
+        paths |= {
+            f"waiters.{index}.{key}"
+            for key in was.keys() | now.keys()
+            if was.get(key, KeyError) != now.get(key, KeyError)
+        }
+    return paths
+
+
+def test_the_same_fields_write_changes_what_the_handing_release_changes(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """Applied to the same copy of a lock with a line, the literal write and the handing
+    release change the same fields and the same places' fields: they differ only in
+    how the server gets the values."""
+    lock = handing_write._line(mongolock_url, mongolock_database, 4)
+    commands = handing_write._commands(lock)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        db = client[mongolock_database]
+        changed = {}
+        for kind in ("handing", "same fields"):
+            copy = handing_write.copy_of(lock, datetime.now(UTC))
+            db["locks"].replace_one({"_id": handing_write.COPY}, copy, upsert=True)
+            before = db["locks"].find_one({"_id": handing_write.COPY})
+            assert db.command(commands[kind])["nModified"] == 1
+            after = db["locks"].find_one({"_id": handing_write.COPY})
+            assert before is not None
+            assert after is not None
+            changed[kind] = _changed(before, after)
+    finally:
+        client.close()
+    assert changed["handing"] == changed["same fields"]
+    assert {"owner", "token", "head", "ended", "waiters.0.owner", "waiters.3.until"} <= changed[
+        "handing"
+    ]
 
 
 def test_the_handing_write_probe_times_every_kind_and_drops_its_database(
@@ -646,21 +695,43 @@ def test_the_handing_write_probe_times_every_kind_and_drops_its_database(
         client.close()
 
 
-def test_the_handing_write_probe_refuses_a_release_that_hands_nothing_on(
-    mongolock_url: str, mongolock_database: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("kind", "query"),
+    [
+        ("handing", {"owner": "somebody else"}),  # changes nothing
+        ("handing, no document", {"_id": handing_write.COPY}),  # finds the copy
+    ],
+)
+def test_the_handing_write_probe_refuses_a_write_that_does_not_do_what_it_is_named(
+    mongolock_url: str,
+    mongolock_database: str,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    query: dict[str, Any],
 ) -> None:
-    """A handing release that changes nothing (here: sent for another holder) is not timed
-    as one: the probe stops with an error naming the kind."""
+    """A handing release that hands nothing on, or a write for no document that finds
+    one, is not timed as what it is named: the probe stops with an error naming the kind,
+    its stream closed and its database dropped."""
     commands = handing_write._commands
 
-    def wrong_holder(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def altered(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
         made = commands(lock)
-        made["handing"]["updates"][0]["q"]["owner"] = "somebody else"
+        made[kind]["updates"][0]["q"].update(query)
         return made
 
-    monkeypatch.setattr(handing_write, "_commands", wrong_holder)
-    with pytest.raises(RuntimeError, match="'handing' changed 0 documents, not 1"):
+    monkeypatch.setattr(handing_write, "_commands", altered)
+    with pytest.raises(RuntimeError, match=f"'{kind}' did not do what it is timed for"):
         handing_write.measure(mongolock_url, 2, places=2, database=mongolock_database, block=1)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        assert mongolock_database not in client.list_database_names()
+    finally:
+        client.close()
+    until(
+        lambda: not _change_streams(mongolock_url, mongolock_database),
+        timeout=10,
+        what="the change stream closed",
+    )
 
 
 def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_sent(
