@@ -131,20 +131,18 @@ def same_fields(lock: dict[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def _commands(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The update command of each kind (without its write concern)."""
+    """The update command of each kind (without its write concern). Each filters as a
+    release does, on key, holder and token: the filter's cost is in every kind alike."""
     handing = handing_release(COPY, lock["owner"], lock["token"])
     same = {"$set": same_fields(lock, datetime.now(UTC))}
+    absent = {**handing.filter, "_id": ABSENT}
     return {
         "handing": handing.command(COLLECTION),
         # An update document, not a pipeline: a pipeline's ``$set`` would read
         # ``waiters.0`` as a field of every place.
-        "same fields": {"update": COLLECTION, "updates": [{"q": {"_id": COPY}, "u": same}]},
-        "handing, no document": Release(
-            {**handing.filter, "_id": ABSENT}, handing.pipeline
-        ).command(COLLECTION),
-        "small pipeline, no document": Release({"_id": ABSENT}, [{"$set": {"n": 1}}]).command(
-            COLLECTION
-        ),
+        "same fields": {"update": COLLECTION, "updates": [{"q": handing.filter, "u": same}]},
+        "handing, no document": Release(absent, handing.pipeline).command(COLLECTION),
+        "small pipeline, no document": Release(absent, [{"$set": {"n": 1}}]).command(COLLECTION),
     }
 
 

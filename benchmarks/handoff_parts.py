@@ -19,8 +19,8 @@ than one sent right after another. So last, in one process with nobody else
 (``lone``), a raw majority update and an uncontended ``acquire()``, each sent back to
 back and after the same pause as a release, in alternating blocks: once alone, once with
 a change stream open on the database in another process, as the waiters' streams are
-during a handoff (with one awaiting, a majority write after a pause returns sooner on the
-machines measured). ``python -m benchmarks.handing_write`` shows what the release's own
+during a handoff (with one awaiting, a majority write after a pause returned sooner on
+the machine measured). ``python -m benchmarks.handing_write`` shows what the release's own
 write costs the server. See docs/performance.md.
 """
 
@@ -254,9 +254,9 @@ def paced(
 def lone(
     url: str, count: int, database: str = DATABASE, block: int = BLOCK, *, stream: bool = False
 ) -> dict[str, list[float]]:
-    """One process, nobody else: a raw majority update and an uncontended ``acquire()``
-    (the default, blocking call, as the handoff target's reference makes it; released at
-    once, untimed), each back to back and ``HOLD`` apart: ``count`` round trips of each,
+    """One process, no other taker of the lock: a raw majority update and an uncontended
+    ``acquire()`` (the default, blocking call, as the handoff target's reference makes it;
+    released at once, untimed), each back to back and ``HOLD`` apart: ``count`` round trips of each,
     by the row name ``main`` prints. With ``stream``, a change stream with the watcher's
     filter is open on the lock collection in another process meanwhile
     (``idle_streams.held_open``), as waiters' streams are during a handoff: the rows say
@@ -356,7 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(row("ours: the new holder's acquire() returns, after its event", mine["wake"]))
         print(row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
         print()
-        print("One process alone: requests back to back, or after a pause as a release is:")
+        print(
+            "One process: requests back to back, or after a pause as a release is; alone, or "
+            "with a change stream open in another process:"
+        )
         print()
         print("| request | p50 | p90 | n |")
         print("|---|---|---|---|")

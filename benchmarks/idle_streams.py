@@ -75,6 +75,8 @@ def held_open(
         if not ready.wait(OPEN_TIMEOUT + 5):
             raise RuntimeError(f"{streams} change streams did not open in {OPEN_TIMEOUT:g} s")
         time.sleep(1)  # every stream waiting in its first getMore
+        if broken.is_set():
+            raise RuntimeError("a change stream closed before the block started")
         yield
         if broken.is_set() or not holder.is_alive():
             raise RuntimeError("a change stream closed before the block ended")
@@ -111,9 +113,11 @@ def _watch(
                 opened.release()
                 if poll:
                     stop.wait(random.uniform(0, poll))  # the streams' polls out of phase
-                while not stop.is_set():
+                while not stop.is_set() and stream.alive:
                     if stream.try_next() is None and poll:
                         stop.wait(poll)  # asked again at once after an event
+                if not stop.is_set():
+                    broken.set()  # closed by the server (an invalidate): not waiting
         except BaseException as exc:
             failures.append(exc)
             broken.set()

@@ -570,8 +570,9 @@ def test_the_lone_requests_are_timed_in_every_kind_and_leave_no_lock_held(
     assert held == 0
 
 
-def _change_streams(url: str, database: str) -> list[str]:
-    """The operations of the change streams open on ``database`` (running or idle)."""
+def _change_streams(url: str, database: str) -> set[int]:
+    """The cursor ids of the change streams open on ``database`` (each counted once,
+    whether its getMore runs or it sits idle between two)."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
     try:
         ops = client.admin.aggregate(
@@ -585,7 +586,7 @@ def _change_streams(url: str, database: str) -> list[str]:
                 },
             ]
         )
-        return [op.get("op", "") for op in ops]
+        return {op["cursor"]["cursorId"] for op in ops}
     finally:
         client.close()
 
@@ -602,6 +603,31 @@ def test_the_streams_held_open_are_open_while_the_block_runs(
         timeout=10,
         what="the change stream closed",
     )
+
+
+def test_a_block_whose_held_stream_closed_is_an_error(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """Dropping the watched collection ends its stream (the server invalidates it): the
+    block's figures would not be what they are named, so leaving it raises."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+
+    def drop_while_held() -> None:
+        with held_open(mongolock_url, 1, database=mongolock_database, collection="locks"):
+            client[mongolock_database].drop_collection("locks")
+            until(
+                lambda: not _change_streams(mongolock_url, mongolock_database),
+                timeout=10,
+                what="the stream ended",
+            )
+            time.sleep(2)  # its process notes it as soon as its getMore returned
+
+    try:
+        client[mongolock_database]["locks"].insert_one({"_id": "there"})
+        with pytest.raises(RuntimeError, match="closed before the block ended"):
+            drop_while_held()
+    finally:
+        client.close()
 
 
 def test_the_copy_of_a_lock_renews_its_lease_and_its_places_and_keeps_the_rest() -> None:
