@@ -15,13 +15,14 @@ an attempt of its own is left out.
 
 A release is sent after the holder's 5 ms hold, during which the server had little to
 do (the others wait in line), and a request after such a pause may be answered later
-than one sent right after another. So last, in one process with nobody else
-(``lone``), a raw majority update and an uncontended ``acquire()``, each sent back to
-back and after the same pause as a release, in alternating blocks: once alone, once with
-a change stream open on the database in another process, as the waiters' streams are
-during a handoff (with one awaiting, a majority write after a pause returned sooner on
-the machine measured). ``python -m benchmarks.handing_write`` shows what the release's own
-write costs the server. See docs/performance.md.
+than one sent right after another. So last, in one process that no other takes the
+lock with (``lone``), a raw majority update and an uncontended ``acquire()``, each sent
+back to back and after the same pause as a release, in alternating blocks: alone, with
+a change stream with the watcher's filter open on the lock collection in another
+process (as waiters' streams are during a handoff; with one awaiting, requests after a
+pause returned sooner on the machine measured), and alone again. ``python -m
+benchmarks.handing_write`` shows what the release's own write costs the server. See
+docs/performance.md.
 """
 
 from __future__ import annotations
