@@ -43,7 +43,7 @@ from pymongo import MongoClient
 
 from benchmarks.idle_streams import held_open
 from benchmarks.servers import mongo_server
-from benchmarks.stats import row
+from benchmarks.stats import table
 
 if TYPE_CHECKING:
     from django_mongolock import Lock
@@ -267,8 +267,8 @@ def lone(
     machine weighs on all of them alike; each block's first request is left out (it
     follows another kind's), and so are ``WARM_UP`` requests of each kind first.
     """
-    opened = held_open(url, 1, database=database, collection="locks")
-    with opened if stream else contextlib.nullcontext():
+    opened = held_open(url, 1, database=database, collection="locks") if stream else None
+    with opened or contextlib.nullcontext():
         return _lone(url, count, database, block, ", a change stream open" if stream else "")
 
 
@@ -348,24 +348,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             cleaner: MongoClient[dict[str, Any]] = MongoClient(server.url)
             cleaner.drop_database(DATABASE)
             cleaner.close()
-        print("| step | p50 | p90 | n |")
-        print("|---|---|---|---|")
-        print(row(f"raw: majority update, round trip ({_AFTER_HOLD} apart)", floor["write"]))
-        print(row("raw: its change event, after the update returned", floor["event"]))
-        print(row("ours: release(), round trip", mine["release"]))
-        print(row("ours: the release's event at the new holder, after it returned", mine["event"]))
-        print(row("ours: the new holder's acquire() returns, after its event", mine["wake"]))
-        print(row("ours: gap, release() called to the next acquire() returned", mine["gap"]))
+        steps = {
+            f"raw: majority update, round trip ({_AFTER_HOLD} apart)": floor["write"],
+            "raw: its change event, after the update returned": floor["event"],
+            "ours: release(), round trip": mine["release"],
+            "ours: the release's event at the new holder, after it returned": mine["event"],
+            "ours: the new holder's acquire() returns, after its event": mine["wake"],
+            "ours: gap, release() called to the next acquire() returned": mine["gap"],
+        }
+        print(table("step", steps))
         print()
         print(
             "One process: requests back to back, or after a pause as a release is; alone, or "
             "with a change stream open in another process:"
         )
         print()
-        print("| request | p50 | p90 | n |")
-        print("|---|---|---|---|")
-        for name, values in single.items():
-            print(row(name, values))
+        print(table("request", single))
     return 0
 
 

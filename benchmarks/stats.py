@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ms", "quantile", "ratio", "row", "spread", "summary"]
+__all__ = ["ms", "quantile", "ratio", "row", "spread", "summary", "table"]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -63,3 +63,10 @@ def row(name: str, values: Sequence[float]) -> str:
     ms, and how many there were."""
     p50, p90 = quantile(values, 0.5), quantile(values, 0.9)
     return f"| {name} | {p50 * 1e3:.3f} ms | {p90 * 1e3:.3f} ms | {len(values)} |"
+
+
+def table(first: str, times: Mapping[str, Sequence[float]]) -> str:
+    """A probe's table: a ``row`` for each name in ``times``, under a header whose first
+    column is headed ``first``."""
+    lines = [f"| {first} | p50 | p90 | n |", "|---|---|---|---|"]
+    return "\n".join(lines + [row(name, values) for name, values in times.items()])

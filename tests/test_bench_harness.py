@@ -37,7 +37,7 @@ from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, buil
 from benchmarks.idle_streams import held_open
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
-from benchmarks.stats import summary
+from benchmarks.stats import summary, table
 from benchmarks.workers import Job, Pool, Shared
 from django_mongolock import LockNotAcquired, ServerUnavailable, lanes
 from django_mongolock.refresher import get_refresher
@@ -591,6 +591,21 @@ def _change_streams(url: str, database: str) -> set[int]:
         client.close()
 
 
+def test_a_probe_table_has_a_row_of_milliseconds_per_name_under_its_header() -> None:
+    times = {"a": [0.001, 0.002, 0.003], "b": [0.0005]}
+    assert table("write", times).splitlines() == [
+        "| write | p50 | p90 | n |",
+        "|---|---|---|---|",
+        "| a | 2.000 ms | 2.800 ms | 3 |",
+        "| b | 0.500 ms | 0.500 ms | 1 |",
+    ]
+
+
+def _streams_closed(url: str, database: str) -> None:
+    """Wait (bounded) until no change stream is open on ``database``."""
+    until(lambda: not _change_streams(url, database), timeout=10, what="the streams closed")
+
+
 def test_the_streams_held_open_are_open_while_the_block_runs(
     mongolock_url: str, mongolock_database: str
 ) -> None:
@@ -598,11 +613,7 @@ def test_the_streams_held_open_are_open_while_the_block_runs(
     waiting in its getMore a second by then); closed once it ended."""
     with held_open(mongolock_url, 2, database=mongolock_database, collection="locks"):
         assert len(_change_streams(mongolock_url, mongolock_database)) == 2
-    until(
-        lambda: not _change_streams(mongolock_url, mongolock_database),
-        timeout=10,
-        what="the change stream closed",
-    )
+    _streams_closed(mongolock_url, mongolock_database)
 
 
 def test_a_block_whose_held_stream_closed_is_an_error(
@@ -615,11 +626,7 @@ def test_a_block_whose_held_stream_closed_is_an_error(
     def drop_while_held() -> None:
         with held_open(mongolock_url, 1, database=mongolock_database, collection="locks"):
             client[mongolock_database].drop_collection("locks")
-            until(
-                lambda: not _change_streams(mongolock_url, mongolock_database),
-                timeout=10,
-                what="the stream ended",
-            )
+            _streams_closed(mongolock_url, mongolock_database)
             time.sleep(2)  # its process notes it as soon as its getMore returned
 
     try:
@@ -753,11 +760,7 @@ def test_the_handing_write_probe_refuses_a_write_that_does_not_do_what_it_is_nam
         assert mongolock_database not in client.list_database_names()
     finally:
         client.close()
-    until(
-        lambda: not _change_streams(mongolock_url, mongolock_database),
-        timeout=10,
-        what="the change stream closed",
-    )
+    _streams_closed(mongolock_url, mongolock_database)
 
 
 def test_the_tick_probe_times_the_lanes_ticks_with_each_write_encoded_and_none_sent(
