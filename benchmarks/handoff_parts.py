@@ -8,10 +8,11 @@ release returned, as in the benchmarks' handoff workload). Every process times i
 its watcher thread receives the change event of a handoff to it and the moment its
 ``acquire()`` returns (one host: the processes share CLOCK_MONOTONIC). Then the same
 server's floor for those two steps, with the raw driver: one majority update's round
-trip, and when a change stream in another process delivers its event. A gap at the
-floor is the release's round trip plus that delivery. Each handoff is paired with the
-release that made it by the releasing holder's id (``pair``); a lease a process took by
-an attempt of its own is left out.
+trip, when a change stream in another process delivers its event, and the two together
+(the limit, which the benchmarks' handoff workload also times after each of its
+rounds). A gap at the floor is the release's round trip plus that delivery. Each
+handoff is paired with the release that made it by the releasing holder's id
+(``pair``); a lease a process took by an attempt of its own is left out.
 
 A release is sent after the holder's 5 ms hold, during which the server had little to
 do (the others wait in line), and a request after such a pause may be answered later
@@ -180,12 +181,12 @@ def pair(results: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> dict[str, li
     return parts
 
 
-def _raw_watch(url: str, ready: Event, out: Queue[Any]) -> None:
+def _raw_watch(url: str, database: str, ready: Event, out: Queue[Any]) -> None:
     """In a process of its own, as a waiter's watcher is: when each update's event came."""
     client: MongoClient[dict[str, Any]] = MongoClient(url)
     heard: dict[int, float] = {}
     stages = [{"$match": {"operationType": "update"}}]
-    with client[DATABASE].raw.watch(stages, max_await_time_ms=500) as stream:
+    with client[database].raw.watch(stages, max_await_time_ms=500) as stream:
         ready.set()
         for change in stream:
             n = change["updateDescription"]["updatedFields"]["n"]
@@ -196,39 +197,49 @@ def _raw_watch(url: str, ready: Event, out: Queue[Any]) -> None:
     out.put(heard)
 
 
-def raw(url: str, writes: int) -> dict[str, list[float]]:
-    """A majority update's round trip, and when a change stream on another connection, in
-    another process, delivers its event after the update returned."""
+def raw(
+    url: str, writes: int, database: str = DATABASE, *, pause: float = HOLD
+) -> dict[str, list[float]]:
+    """A majority update's round trip (each sent ``pause`` after the previous returned),
+    when a change stream on another connection, in another process, delivers its event
+    after the update returned, and the two together (``limit``: from sending the update
+    to its event heard, what the server allows a handoff: one majority write and its
+    notification). Every update after the warm-up must be heard."""
     writer: MongoClient[dict[str, Any]] = MongoClient(url, w="majority")
-    collection = writer[DATABASE].raw
+    collection = writer[database].raw
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
     heard_out: Queue[Any] = ctx.Queue()
-    watcher = ctx.Process(target=_raw_watch, args=(url, ready, heard_out))
+    watcher = ctx.Process(target=_raw_watch, args=(url, database, ready, heard_out))
     sent: dict[int, tuple[float, float]] = {}
     try:
         collection.update_one({"_id": KEY}, {"$set": {"n": 0}}, upsert=True)
         watcher.start()
-        if not ready.wait(BOUND):
-            raise RuntimeError("the change stream did not open")
+        until = time.monotonic() + BOUND
+        while not ready.wait(0.5):  # a watcher that died says so at once
+            if watcher.exitcode is not None or time.monotonic() > until:
+                raise RuntimeError(f"the change stream did not open ({watcher.exitcode=})")
         for n in range(1, writes + 1):
             started = time.monotonic()
             collection.update_one({"_id": KEY}, {"$set": {"n": n}})
             sent[n] = (started, time.monotonic())
-            time.sleep(HOLD)
+            time.sleep(pause)
         collection.update_one({"_id": KEY}, {"$set": {"n": -1}})
-        heard: dict[int, float] = heard_out.get(timeout=BOUND)
+        heard: dict[int, float] = _result(heard_out, [watcher], time.monotonic() + BOUND)
         watcher.join(BOUND)
     finally:
         if watcher.is_alive():
             watcher.terminate()
+            watcher.join(BOUND)
         writer.close()
-    parts: dict[str, list[float]] = {"write": [], "event": []}
-    for n in range(WARM_UP + 1, writes + 1):
-        if n in heard:
-            parts["write"].append(sent[n][1] - sent[n][0])
-            parts["event"].append(heard[n] - sent[n][1])
-    return parts
+    measured = range(WARM_UP + 1, writes + 1)
+    if missed := [n for n in measured if n not in heard]:
+        raise RuntimeError(f"the change stream missed {len(missed)} of {len(measured)} updates")
+    return {
+        "write": [sent[n][1] - sent[n][0] for n in measured],
+        "event": [heard[n] - sent[n][1] for n in measured],
+        "limit": [heard[n] - sent[n][0] for n in measured],
+    }
 
 
 def paced(
@@ -351,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps = {
             f"raw: majority update, round trip ({_AFTER_HOLD} apart)": floor["write"],
             "raw: its change event, after the update returned": floor["event"],
+            "raw: the update sent to its event heard (the limit)": floor["limit"],
             "ours: release(), round trip": mine["release"],
             "ours: the release's event at the new holder, after it returned": mine["event"],
             "ours: the new holder's acquire() returns, after its event": mine["wake"],

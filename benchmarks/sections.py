@@ -91,6 +91,19 @@ def handoff(data: dict[str, Any], plot: str | None) -> list[str]:
             f"p50 {ms(ours['p50'], 2)}, p99 {ms(ours['p99'], 2)}.",
             "",
         ]
+    limit = data["rows"].get(OURS, {}).get("limit")
+    if limit and limit["n"]:
+        write = data["rows"][OURS]["limit_write"]
+        lines += [
+            "The server's limit for a handoff, timed after every round with the raw "
+            f"driver: one majority update sent {data['hold'] * 1000:g} ms after the previous "
+            "one returned, from its sending until a change stream in another process "
+            f"delivered its event: p50 {ms(limit['p50'], 2)}, p99 {ms(limit['p99'], 2)} (the "
+            f"same updates' round trips: p50 {ms(write['p50'], 2)}; the event may come "
+            "before the reply). A handoff adds to it a heavier write and the new holder's "
+            "return after its event.",
+            "",
+        ]
     rows = []
     for label, row in data["rows"].items():
         cells = [label, f"{row['rate']['median']:.0f}"]

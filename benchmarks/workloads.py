@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from pymongo import MongoClient
 
-from benchmarks import instruments, line_cost, report
+from benchmarks import handoff_parts, instruments, line_cost, report
 from benchmarks import scale as scaling
 from benchmarks.contenders import DATABASE, Spec
 from benchmarks.labels import INSTRUMENTED
@@ -38,6 +38,9 @@ PROCESSES: Final = 4
 HOLD: Final = 0.005
 # Uncontended acquisitions timed in each handoff round: the unit of the gap's target.
 ALONE_CYCLES: Final = 100
+# The handoff's limit, timed after each round: raw majority updates, each after a hold,
+# and their change events in another process (the first ``handoff_parts.WARM_UP`` left out).
+LIMIT_WRITES: Final = handoff_parts.WARM_UP + 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +245,8 @@ def handoff(bench: Bench) -> dict[str, Any]:
             "gaps": [],
             "cross_gaps": [],
             "alone": [],
+            "limit": [],
+            "limit_write": [],
             "handoffs": 0,
             "to_other": 0,
             "fewest": [],
@@ -266,6 +271,14 @@ def handoff(bench: Bench) -> dict[str, Any]:
                 hold=bench.hold,
             )
             done = bench.pool.run(job)
+            if spec.kind == "ours":
+                # And the limit: one majority write after the same hold, and its event,
+                # after the round, with the streams its waiters opened still open.
+                floor = handoff_parts.raw(
+                    bench.mongo.url, LIMIT_WRITES, database=DATABASE, pause=bench.hold
+                )
+                row["limit"].extend(floor["limit"])
+                row["limit_write"].extend(floor["write"])
             turns = sorted(
                 (t1, t2, worker["worker"], t1 - t0)
                 for worker in done.workers
@@ -294,6 +307,8 @@ def handoff(bench: Bench) -> dict[str, Any]:
         row["gap"] = summary(row["gaps"])
         row["cross_gap"] = summary(row["cross_gaps"])
         row["alone"] = summary(row["alone"])
+        row["limit"] = summary(row["limit"])
+        row["limit_write"] = summary(row["limit_write"])
         row["other_share"] = row["to_other"] / row["handoffs"] if row["handoffs"] else math.nan
         row["fewest_share"] = min(row["fewest"])
         del row["gaps"], row["cross_gaps"]

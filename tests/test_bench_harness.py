@@ -30,11 +30,14 @@ from benchmarks import (
     handoff_parts,
     line_cost,
     scale,
+    sections,
     tick_cpu,
     workers,
 )
 from benchmarks.contenders import DATABASE, FloorLock, Kind, OurLock, Spec, build
+from benchmarks.goals import targets
 from benchmarks.idle_streams import held_open
+from benchmarks.labels import FLOOR_POLL_10, OURS
 from benchmarks.refreshing import _time_ticks
 from benchmarks.scale import after_arrival, waves
 from benchmarks.stats import summary, table
@@ -835,6 +838,73 @@ def test_handoffs_between_several_processes_are_split_into_their_steps(
         assert release + event > 0
         assert wake >= 0
         assert 0 < gap < handoff_parts.BOUND
+
+
+def test_the_raw_limit_of_a_handoff_is_each_update_sent_until_its_event_heard(
+    mongolock_url: str, mongolock_database: str
+) -> None:
+    """One majority update after each pause, and its change event in another process:
+    every update after the warm-up is heard, and its limit is its round trip plus how
+    long after its reply the event came (which may be before it)."""
+    writes, pause = 8, 0.1
+    started = time.monotonic()
+    parts = handoff_parts.raw(
+        mongolock_url, handoff_parts.WARM_UP + writes, mongolock_database, pause=pause
+    )
+    assert time.monotonic() - started >= (handoff_parts.WARM_UP + writes) * pause
+    assert [len(values) for values in parts.values()] == [writes] * 3
+    for write, event, limit in zip(parts["write"], parts["event"], parts["limit"], strict=True):
+        assert 0 < write < handoff_parts.BOUND
+        assert limit == pytest.approx(write + event)
+        assert 0 < limit < handoff_parts.BOUND
+
+
+def _handoff_rows(limit: list[float]) -> dict[str, Any]:
+    """The handoff section's data: a row of ours (its gaps, one acquire, the limit) and
+    the polling floor's, which times neither of the last two."""
+    ours = {
+        "rate": {"median": 100.0},
+        "wait": summary([0.01, 0.02]),
+        "gap": summary([0.002, 0.003]),
+        "cross_gap": summary([0.002]),
+        "alone": summary([0.001]),
+        "limit": summary(limit),
+        "limit_write": summary([value + 0.0001 for value in limit]),
+        "other_share": 1.0,
+        "fewest_share": 1.0,
+        "timeouts": 0,
+        "overlaps": 0,
+        "lost": 0,
+    }
+    floor = {**ours, "alone": summary([]), "limit": summary([]), "limit_write": summary([])}
+    return {
+        "floor": FLOOR_POLL_10,
+        "processes": 4,
+        "hold": 0.005,
+        "seconds": 5.0,
+        "rounds": 3,
+        "rows": {OURS: ours, FLOOR_POLL_10: floor},
+    }
+
+
+def test_the_handoff_gap_is_reported_beside_its_limit_when_the_run_timed_it() -> None:
+    """The target row and the section give the limit timed in the same rounds, and the
+    gap over it; a run without it (an older result) says nothing of it."""
+    data = _handoff_rows([0.0012, 0.0012, 0.0014])
+    (gap_row,) = [row for row in targets({"handoff": data}) if "gap p50" in row["target"]]
+    assert gap_row["figure"] == "2.50 ms; one acquire 1.00 ms; the limit 1.20 ms (the gap 2.08x it)"
+    assert gap_row["ratio"] == pytest.approx(2.5)
+    assert gap_row["met"] is False
+    text = "\n".join(sections.handoff(data, None))
+    assert "5 ms after the previous one returned" in text
+    assert "p50 1.20 ms, p99 1.40 ms (the same updates' round trips: p50 1.30 ms;" in text
+    untimed = _handoff_rows([])
+    older = _handoff_rows([])
+    del older["rows"][OURS]["limit"], older["rows"][OURS]["limit_write"]
+    for data in (untimed, older):
+        (gap_row,) = [row for row in targets({"handoff": data}) if "gap p50" in row["target"]]
+        assert gap_row["figure"] == "2.50 ms; one acquire 1.00 ms"
+        assert "server's limit" not in "\n".join(sections.handoff(data, None))
 
 
 def test_each_handoff_is_paired_with_the_release_that_made_it() -> None:
