@@ -31,6 +31,7 @@ from benchmarks import (
     line_cost,
     scale,
     sections,
+    think_time,
     tick_cpu,
     workers,
 )
@@ -905,6 +906,66 @@ def test_the_handoff_gap_is_reported_beside_its_limit_when_the_run_timed_it() ->
         (gap_row,) = [row for row in targets({"handoff": data}) if "gap p50" in row["target"]]
         assert gap_row["figure"] == "2.50 ms; one acquire 1.00 ms"
         assert "server's limit" not in "\n".join(sections.handoff(data, None))
+
+
+def test_the_think_time_probe_times_every_write_of_each_kind_after_its_warm_up(
+    mongolock_url: str,
+) -> None:
+    """One block of each kind: the floor's two writes a cycle, timed around each call,
+    ours' two as the listener saw them (no other command of the manager counted), and
+    ours' time from each reply to the next write; the probe's collections are dropped."""
+    cycles = think_time.BLOCK - think_time.WARM_UP
+    trips = think_time.measure(mongolock_url, cycles, thinks=(0, 100))
+    assert list(trips) == [
+        "floor, 0 µs before each write",
+        "floor, 100 µs before each write",
+        "django-mongolock, as it is",
+        "django-mongolock: from a write's reply to its next write",
+    ]
+    assert [len(values) for values in trips.values()] == [2 * cycles] * 4
+    assert all(0 < value < 10 for values in trips.values() for value in values)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        names = client[DATABASE].list_collection_names()
+    finally:
+        client.close()
+    assert not [name for name in names if name.startswith(think_time.COLLECTION)]
+
+
+def test_the_think_time_listener_counts_the_writes_of_its_own_thread_alone() -> None:
+    """A write's round trip and the wait before the next write, in the thread that made
+    the listener; a read, a write of another thread (a refresher's tick) and a write
+    after ``pause`` (another kind's turn) add no wait, and the first two no round trip."""
+    replies = think_time.Replies()
+
+    def event(name: str) -> Any:
+        return SimpleNamespace(command_name=name, duration_micros=1500)
+
+    replies.succeeded(event("findAndModify"))
+    replies.started(event("find"))
+    replies.succeeded(event("find"))
+
+    def write_elsewhere() -> None:
+        replies.started(event("update"))
+        replies.succeeded(event("update"))
+
+    other = threading.Thread(target=write_elsewhere)
+    other.start()
+    other.join(10)
+    replies.started(event("update"))
+    replies.succeeded(event("update"))
+    replies.pause()
+    replies.started(event("delete"))
+    assert replies.trips == [0.0015, 0.0015]
+    assert len(replies.thinks) == 1
+    assert 0 <= replies.thinks[0] < 1
+
+
+def test_spinning_keeps_the_thread_busy_for_the_time_asked() -> None:
+    started, cpu = time.perf_counter(), time.thread_time()
+    think_time.spin(0.02)
+    assert time.perf_counter() - started >= 0.02
+    assert time.thread_time() - cpu >= 0.01  # busy, not asleep
 
 
 def test_each_handoff_is_paired_with_the_release_that_made_it() -> None:
