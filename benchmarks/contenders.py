@@ -22,10 +22,11 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
-from pymongo import MongoClient, ReturnDocument
+from pymongo import MongoClient, ReturnDocument, monitoring
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError, PyMongoError, ServerSelectionTimeoutError
 from pymongo.write_concern import WriteConcern
@@ -106,9 +107,13 @@ def build(spec: Spec) -> Contender:
 class FloorLock:
     """A correct MongoDB lock in the fewest round trips: the baseline every figure divides by."""
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, listeners: Sequence[monitoring.CommandListener] = ()) -> None:
+        """``listeners``: the driver's command listeners, for a probe that times the
+        floor's writes as the driver sees them (as it does another client's)."""
         self.poll = spec.poll
-        self.client: MongoClient[dict[str, Any]] = MongoClient(spec.url, w="majority")
+        self.client: MongoClient[dict[str, Any]] = MongoClient(
+            spec.url, w="majority", event_listeners=list(listeners)
+        )
         self.collection: Collection[dict[str, Any]] = self.client[DATABASE][
             spec.collection
         ].with_options(write_concern=WriteConcern(w="majority"))

@@ -3,23 +3,26 @@
 ``python -m benchmarks.think_time [CYCLES] [--think US,...]`` (defaults 300 cycles and
 0,20,50,100,200,400 µs): in one thread, uncontended acquire+release cycles of the
 benchmarks' floor (``contenders.FloorLock``: two majority writes a cycle), with the
-client busy for THINK µs (spinning, as code would) before each of its writes, and of
-django-mongolock's ``acquire()`` and ``release()`` as they are. The kinds take turns by
-blocks of ``BLOCK`` cycles, in an order shuffled each turn. Per kind, the round trips of
-its writes (the floor's as timed around each call, ours' as the driver's command
-listener reports them); for ours also the time from each write's reply to its next
-write's sending: how long its own code keeps the server waiting.
+client also kept busy for THINK µs (spinning, as code would) before each of its writes,
+and of django-mongolock's ``acquire()`` and ``release()`` as they are. The kinds take
+turns by blocks of ``BLOCK`` cycles, in an order shuffled each turn; the first cycle of
+each block, which follows another kind's, is left out. For every kind alike, a command
+listener of the calling thread gives each write's round trip (from just before it is
+sent to its reply read) and the time from each write's reply to the next write's
+sending: the driver's own work between the two, the floor's spin, or the lock's code.
 
-On the machine of 5 December 2026, where the uncontended cycle measured 1.17 times the
-floor's, writes fell into two modes about 1 ms apart, and the floor's writes fell into
-the slow one more often when sent 100 to 200 µs after the previous reply than at once
-or 400 µs after. Against the server in ``MONGOLOCK_URL``, or a development server
-started for the run. See docs/performance.md.
+Written for the machine of 5 December 2026, where the uncontended cycle measured 1.17
+times the floor's and the writes of both fell into two modes about 1 ms apart: to see
+whether the lock's writes land in the slow one more often because of when they are
+sent (there, the floor's writes sent as late as the lock's mostly did too). Against
+the server in ``MONGOLOCK_URL``, or a development server started for the run. See
+docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import secrets
 import sys
@@ -38,13 +41,18 @@ from django_mongolock import LockManager
 __all__ = ["THINKS", "Replies", "main", "measure", "spin"]
 
 THINKS: Final = (0, 20, 50, 100, 200, 400)
-# Cycles of one kind in a row before the next kind's turn, and the first ones of each
-# kind left out (connections opening, the first documents).
+# Cycles of one kind in a row before the next kind's turn; the first ones of each kind
+# left out (connections opening, the first documents).
 BLOCK: Final = 25
 WARM_UP: Final = 20
 KEYS: Final = 100
 COLLECTION: Final = "think_time"
-_WRITES: Final = frozenset({"findAndModify", "update", "delete", "insert"})
+# Bounds ours' acquire: its key is free, unless a release went wrong.
+ACQUIRE_TIMEOUT: Final = 10.0
+# The writes of a cycle: ours' acquire (findAndModify) and release (update), the
+# floor's acquire (findAndModify) and release (delete).
+_WRITES: Final = frozenset({"findAndModify", "update", "delete"})
+OURS: Final = "django-mongolock, as it is"
 
 
 def spin(seconds: float) -> None:
@@ -56,12 +64,12 @@ def spin(seconds: float) -> None:
 
 class Replies(monitoring.CommandListener):
     """Each write command's round trip, and the time from a write's reply to the next
-    write's sending, of the thread that made the listener: the writes a refresher's
-    tick sends from its own thread meanwhile are not the cycle's."""
+    write's sending (a read sent between them counts in it), of the thread that made
+    the listener: a refresher's tick or a watcher writes from threads of their own."""
 
     def __init__(self) -> None:
         self.trips: list[float] = []
-        self.thinks: list[float] = []
+        self.waits: list[float] = []
         self._replied: float | None = None
         self._thread = threading.get_ident()
 
@@ -70,7 +78,7 @@ class Replies(monitoring.CommandListener):
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if self._counted(event.command_name) and self._replied is not None:
-            self.thinks.append(time.perf_counter() - self._replied)
+            self.waits.append(time.perf_counter() - self._replied)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         if self._counted(event.command_name):
@@ -78,82 +86,83 @@ class Replies(monitoring.CommandListener):
             self._replied = time.perf_counter()
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        self._replied = None
+        if self._counted(event.command_name):
+            self._replied = None
 
     def pause(self) -> None:
         """The next write follows something else: its wait is not counted."""
         self._replied = None
 
 
-def _floor_cycle(lock: FloorLock, think: float) -> Callable[[str], list[float]]:
-    def cycle(key: str) -> list[float]:
+def _floor_cycle(lock: FloorLock, think: float) -> Callable[[str], None]:
+    def cycle(key: str) -> None:
         spin(think)
-        started = time.perf_counter()
         handle = lock.try_acquire(key)
-        acquired = time.perf_counter()
         if handle is None:
             raise RuntimeError(f"the floor found {key!r} busy: the probe's keys are not clean")
         spin(think)
-        released = time.perf_counter()
         lock.release(handle)
-        return [acquired - started, time.perf_counter() - released]
 
     return cycle
 
 
-def measure(url: str, cycles: int, thinks: Sequence[int] = THINKS) -> dict[str, list[float]]:
-    """Round trips of the writes of ``cycles`` cycles of each kind (after ``WARM_UP``),
-    and ours' time from a reply to its next write, by name."""
+def measure(
+    url: str, cycles: int, thinks: Sequence[int] = THINKS
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The round trips of the writes of ``cycles`` cycles of each kind (after
+    ``WARM_UP``, the first of each block left out), and the time from each of their
+    replies to the next write, by kind."""
     run = secrets.token_hex(3)
     keys = [f"think-{run}-{n}" for n in range(KEYS)]
-    floor = FloorLock(Spec("floor", "floor", url, collection=COLLECTION))
+    prefix = f"{COLLECTION}-{run}"
     replies = Replies()
 
     class Listened(LockManager):
         def _client_options(self) -> dict[str, Any]:
             return {**super()._client_options(), "event_listeners": [replies]}
 
-    manager = Listened(url, database=DATABASE, collection=COLLECTION + "_ours")
-    ours_name = "django-mongolock, as it is"
+    trips: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        stack.callback(_drop, url, prefix)
+        floor = FloorLock(Spec("floor", "floor", url, collection=prefix), [replies])
+        stack.callback(floor.close)
+        manager = stack.enter_context(Listened(url, database=DATABASE, collection=f"{prefix}-ours"))
+        kinds: dict[str, Callable[[str], None]] = {
+            f"floor, {think} µs before each write": _floor_cycle(floor, think / 1e6)
+            for think in dict.fromkeys(thinks)
+        }
 
-    def ours(key: str) -> list[float]:
-        manager.acquire(key).release()
-        return []  # the listener times its writes
+        def ours(key: str) -> None:
+            manager.acquire(key, timeout=ACQUIRE_TIMEOUT).release()
 
-    kinds: dict[str, Callable[[str], list[float]]] = {
-        f"floor, {think} µs before each write": _floor_cycle(floor, think / 1e6) for think in thinks
-    }
-    kinds[ours_name] = ours
-    trips: dict[str, list[float]] = {name: [] for name in kinds}
-    waits: list[float] = []
-    done = dict.fromkeys(kinds, 0)
-    try:
+        kinds[OURS] = ours
+        for name in kinds:
+            trips[name], waits[name] = [], []
+        done = dict.fromkeys(kinds, 0)
         manager.ensure_indexes()
         while min(done.values()) < WARM_UP + cycles:
             for name in random.sample(list(kinds), len(kinds)):
                 replies.pause()  # the block's first write follows another kind's
-                for _ in range(BLOCK):
-                    heard = len(replies.trips), len(replies.thinks)
-                    times = kinds[name](random.choice(keys))
+                for turn in range(BLOCK):
+                    if done[name] == WARM_UP + cycles:
+                        break
+                    heard = len(replies.trips), len(replies.waits)
+                    kinds[name](random.choice(keys))
                     done[name] += 1
-                    if done[name] <= WARM_UP:
-                        continue
-                    trips[name].extend(times)
-                    if name == ours_name:
-                        trips[name].extend(replies.trips[heard[0] :])
-                        waits.extend(replies.thinks[heard[1] :])
-    finally:
-        manager.close()
-        floor.close()
-        cleaner: MongoClient[dict[str, Any]] = MongoClient(url)
-        try:  # the floor's, ours' and the side collections the manager made
-            mine = {"name": {"$regex": f"^{COLLECTION}"}}
-            for name in cleaner[DATABASE].list_collection_names(filter=mine):
+                    if turn and done[name] > WARM_UP:
+                        trips[name] += replies.trips[heard[0] :]
+                        waits[name] += replies.waits[heard[1] :]
+    return trips, waits
+
+
+def _drop(url: str, prefix: str) -> None:
+    """Drop the run's collections: the floor's, ours' and the side ones ours made."""
+    cleaner: MongoClient[dict[str, Any]]
+    with MongoClient(url) as cleaner:
+        for name in cleaner[DATABASE].list_collection_names():
+            if name.startswith(prefix):
                 cleaner[DATABASE].drop_collection(name)
-        finally:
-            cleaner.close()
-    trips["django-mongolock: from a write's reply to its next write"] = waits
-    return trips
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--think",
         default=",".join(map(str, THINKS)),
-        help="µs the floor's client is busy before each write, comma-separated",
+        help="µs the floor's client is also busy before each write, comma-separated",
     )
     options = parser.parse_args(argv)
     try:
@@ -173,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("needs at least one cycle and no negative think time")
     with mongo_server() as server:
         print(f"MongoDB {server.version} ({server.topology}); {options.cycles} cycles a kind")
-        print(table("write round trip, or time", measure(server.url, options.cycles, thinks)))
+        trips, waits = measure(server.url, options.cycles, thinks)
+        print(table("write round trip", trips))
+        print()
+        print(table("from a write's reply to the next write", waits))
     return 0
 
 

@@ -911,19 +911,19 @@ def test_the_handoff_gap_is_reported_beside_its_limit_when_the_run_timed_it() ->
 def test_the_think_time_probe_times_every_write_of_each_kind_after_its_warm_up(
     mongolock_url: str,
 ) -> None:
-    """One block of each kind: the floor's two writes a cycle, timed around each call,
-    ours' two as the listener saw them (no other command of the manager counted), and
-    ours' time from each reply to the next write; the probe's collections are dropped."""
+    """One block of each kind: its two writes a cycle as the listener saw them (no other
+    command counted), and the time from each reply to the next write; the run's
+    collections are dropped."""
     cycles = think_time.BLOCK - think_time.WARM_UP
-    trips = think_time.measure(mongolock_url, cycles, thinks=(0, 100))
-    assert list(trips) == [
-        "floor, 0 µs before each write",
-        "floor, 100 µs before each write",
-        "django-mongolock, as it is",
-        "django-mongolock: from a write's reply to its next write",
-    ]
-    assert [len(values) for values in trips.values()] == [2 * cycles] * 4
+    trips, waits = think_time.measure(mongolock_url, cycles, thinks=(0, 100, 100))
+    names = ["floor, 0 µs before each write", "floor, 100 µs before each write", think_time.OURS]
+    assert list(trips) == list(waits) == names
+    assert [len(values) for values in trips.values()] == [2 * cycles] * 3
+    assert [len(values) for values in waits.values()] == [2 * cycles] * 3
     assert all(0 < value < 10 for values in trips.values() for value in values)
+    # Spun 100 µs before each write, the floor waited at least that long between two.
+    assert min(waits["floor, 100 µs before each write"]) >= 100e-6
+    assert all(0 < value < 10 for values in waits.values() for value in values)
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
         names = client[DATABASE].list_collection_names()
@@ -934,8 +934,9 @@ def test_the_think_time_probe_times_every_write_of_each_kind_after_its_warm_up(
 
 def test_the_think_time_listener_counts_the_writes_of_its_own_thread_alone() -> None:
     """A write's round trip and the wait before the next write, in the thread that made
-    the listener; a read, a write of another thread (a refresher's tick) and a write
-    after ``pause`` (another kind's turn) add no wait, and the first two no round trip."""
+    the listener; a read, a write of another thread (a refresher's tick), a write after
+    ``pause`` (another kind's turn) and one after a failed write add no wait, and the
+    first two no round trip."""
     replies = think_time.Replies()
 
     def event(name: str) -> Any:
@@ -948,6 +949,7 @@ def test_the_think_time_listener_counts_the_writes_of_its_own_thread_alone() -> 
     def write_elsewhere() -> None:
         replies.started(event("update"))
         replies.succeeded(event("update"))
+        replies.failed(event("update"))
 
     other = threading.Thread(target=write_elsewhere)
     other.start()
@@ -956,16 +958,25 @@ def test_the_think_time_listener_counts_the_writes_of_its_own_thread_alone() -> 
     replies.succeeded(event("update"))
     replies.pause()
     replies.started(event("delete"))
+    replies.failed(event("delete"))
+    replies.started(event("delete"))
     assert replies.trips == [0.0015, 0.0015]
-    assert len(replies.thinks) == 1
-    assert 0 <= replies.thinks[0] < 1
+    assert len(replies.waits) == 1
+    assert 0 <= replies.waits[0] < 1
 
 
-def test_spinning_keeps_the_thread_busy_for_the_time_asked() -> None:
+def test_spinning_keeps_the_thread_busy_for_the_time_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Busy, not asleep: the probe's spin must be code running, as the lock's is."""
+
+    # The probe's clock alone, with no sleep to call (patching ``time.sleep`` itself
+    # would break the other threads of the session that sleep meanwhile).
+    monkeypatch.setattr(think_time, "time", SimpleNamespace(perf_counter=time.perf_counter))
     started, cpu = time.perf_counter(), time.thread_time()
     think_time.spin(0.02)
     assert time.perf_counter() - started >= 0.02
-    assert time.thread_time() - cpu >= 0.01  # busy, not asleep
+    assert time.thread_time() > cpu
 
 
 def test_each_handoff_is_paired_with_the_release_that_made_it() -> None:
