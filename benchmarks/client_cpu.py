@@ -464,12 +464,13 @@ def _run(url: str, mode: str, numbers: list[int]) -> list[str]:
     return [f"{blocks} blocks of {cycles} cycles", *report(measure(url, blocks, cycles))]
 
 
-def drop_collections(url: str) -> None:
-    """Drop the probes' collections (``client-cpu...``)."""
+def drop_collections(url: str, prefix: str = COLLECTION) -> None:
+    """Drop the collections of the bench database whose names start with ``prefix``
+    (this probe's, ``client-cpu...``, by default)."""
     cleaner: MongoClient[dict[str, Any]]
     with MongoClient(url) as cleaner:
         for name in cleaner[DATABASE].list_collection_names():
-            if name.startswith(COLLECTION):
+            if name.startswith(prefix):
                 cleaner[DATABASE].drop_collection(name)
 
 

@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from pymongo import MongoClient, monitoring
+from pymongo import monitoring
 
+from benchmarks.client_cpu import drop_collections
 from benchmarks.contenders import DATABASE, FloorLock, Spec
 from benchmarks.servers import mongo_server
 from benchmarks.stats import table
@@ -124,7 +125,8 @@ def measure(
     trips: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
-        stack.callback(_drop, url, prefix)
+        # The floor's, ours' and the side collections ours made.
+        stack.callback(drop_collections, url, prefix)
         floor = FloorLock(Spec("floor", "floor", url, collection=prefix), [replies])
         stack.callback(floor.close)
         manager = stack.enter_context(Listened(url, database=DATABASE, collection=f"{prefix}-ours"))
@@ -154,15 +156,6 @@ def measure(
                         trips[name] += replies.trips[heard[0] :]
                         waits[name] += replies.waits[heard[1] :]
     return trips, waits
-
-
-def _drop(url: str, prefix: str) -> None:
-    """Drop the run's collections: the floor's, ours' and the side ones ours made."""
-    cleaner: MongoClient[dict[str, Any]]
-    with MongoClient(url) as cleaner:
-        for name in cleaner[DATABASE].list_collection_names():
-            if name.startswith(prefix):
-                cleaner[DATABASE].drop_collection(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
