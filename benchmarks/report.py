@@ -76,6 +76,7 @@ def _header(meta: dict[str, Any]) -> list[str]:
         ["command", f"`{meta['command']}` ({meta['mode']} run)"],
         ["django-mongolock", engine],
         ["MongoDB", f"{meta.get('mongodb', '?')}, {meta.get('topology', '?')} ({where}), loopback"],
+        *([["MongoDB storage", meta["mongodb_storage"]]] if "mongodb_storage" in meta else []),
         ["driver", f"pymongo {meta['pymongo']}"],
         ["Redis", redis],
         ["Python, Django", f"{meta['python']}, Django {meta['django']}"],
@@ -106,7 +107,9 @@ def render(
         "page), or `.venv/bin/python benchmarks/run.py --quick` for a one-minute run and "
         "`--only NAME` for one workload. The suite needs the `bench` extra "
         "(`pip install -e '.[bench]'`) and, for python-redis-lock, a `redis-server` on "
-        "`PATH`; it starts its own single-node replica set unless `MONGOLOCK_URL` names one. "
+        "`PATH`; it starts its own single-node replica set unless `MONGOLOCK_URL` names one, "
+        "with the WiredTiger cache and oplog that mongod sizes for the machine, as on a "
+        "production server (the test suite's servers keep a small cache and oplog). "
         "The instrumentation workload measures the `prometheus` extra and "
         "`opentelemetry-sdk` where they are installed. "
         "Reports and JSON go to `benchmarks/results/`.",

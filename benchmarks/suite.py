@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["mongodb"] = mongo.version
         meta["topology"] = mongo.topology
         meta["mongodb_started_here"] = mongo.started_here
+        meta["mongodb_storage"] = mongo.storage
         meta["redis"] = redis.version if redis is not None else None
         say(f"MongoDB {mongo.version} ({mongo.topology}); Redis {meta['redis'] or 'skipped'}")
         _prepare(mongo.url)

@@ -29,8 +29,10 @@ from benchmarks import (
     handing_write,
     handoff_parts,
     line_cost,
+    report,
     scale,
     sections,
+    servers,
     think_time,
     tick_cpu,
     workers,
@@ -1027,3 +1029,36 @@ def test_a_burst_of_an_unknown_kind_or_no_process_is_refused_before_any_starts()
         arrival_load.burst("mongodb://127.0.0.1:1", "write", 3)
     with pytest.raises(ValueError, match="processes must be at least 1; got 0"):
         arrival_load.burst("mongodb://127.0.0.1:1", "read", 0)
+
+
+def test_the_report_names_the_servers_cache_and_oplog(mongolock_url: str) -> None:
+    """The run's server, described with the sizes that shape a write's cost (eviction),
+    and the report's row for them, left out of the reports of older runs."""
+    server = servers._describe(mongolock_url, started_here=False)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    try:
+        cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
+        oplog = client.local.command("collStats", "oplog.rs")["maxSize"]
+    finally:
+        client.close()
+    configured = cache["maximum bytes configured"]
+    assert server.storage == (
+        f"WiredTiger cache {configured / 2**30:.2f} GiB, oplog {oplog / 2**30:.2f} GiB"
+    )
+    meta = {
+        "load_start": [0.1, 0.2, 0.3],
+        "started": "2026-12-05T06:00:00+00:00",
+        "command": "python benchmarks/run.py",
+        "mode": "full",
+        "django_mongolock": "0.1.0",
+        "commit": "abc1234",
+        "pymongo": "4.20.1",
+        "python": "3.11.7",
+        "django": "5.2",
+        "platform": "Linux",
+        "usable_cores": 2,
+        "cores": 2,
+    }
+    row = f"| MongoDB storage | {server.storage} |"
+    assert row in report._header({**meta, "mongodb_storage": server.storage})
+    assert not any("MongoDB storage" in line for line in report._header(meta))

@@ -153,6 +153,44 @@ def test_bad_arguments_are_refused_before_starting_anything() -> None:
         MongoReplicaSet(2, priorities=[0, 0])
     with pytest.raises(ReplicaSetError, match="not started"):
         _ = MongoReplicaSet().url
+    for cache in (0.1, 0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"cache_size_gb must be at least 0\.25"):
+            MongoReplicaSet(cache_size_gb=cache)
+    for wrong in (True, "1", [1]):
+        with pytest.raises(TypeError, match="cache_size_gb must be a number or None"):
+            MongoReplicaSet(cache_size_gb=wrong)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="oplog_size_mb must be at least 1"):
+        MongoReplicaSet(oplog_size_mb=0)
+    for not_int in (1.5, False, "128"):
+        with pytest.raises(TypeError, match="oplog_size_mb must be an int or None"):
+            MongoReplicaSet(oplog_size_mb=not_int)  # type: ignore[arg-type]
+
+
+def _storage(url: str) -> tuple[dict[str, Any], int, int]:
+    """The storage options mongod was started with, its cache's size and its oplog's."""
+    with _client(url) as client:
+        parsed = client.admin.command("getCmdLineOpts")["parsed"]
+        cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
+        oplog = client.local.command("collStats", "oplog.rs")["maxSize"]
+    return parsed, cache["maximum bytes configured"], oplog
+
+
+def test_nodes_start_small_unless_told_otherwise(single: MongoReplicaSet) -> None:
+    parsed, cache, oplog = _storage(single.url)
+    assert parsed["storage"]["wiredTiger"]["engineConfig"]["cacheSizeGB"] == 0.25
+    assert parsed["replication"]["oplogSizeMB"] == 128
+    assert (cache, oplog) == (256 * 2**20, 128 * 2**20)
+    with MongoReplicaSet(name="sized", cache_size_gb=0.5, oplog_size_mb=300) as sized:
+        parsed, cache, oplog = _storage(sized.url)
+        assert parsed["storage"]["wiredTiger"]["engineConfig"]["cacheSizeGB"] == 0.5
+        assert (cache, oplog) == (512 * 2**20, 300 * 2**20)
+    # None: mongod sizes both for the machine, as a production server does.
+    with MongoReplicaSet(name="machine", cache_size_gb=None, oplog_size_mb=None) as machine:
+        parsed, cache, oplog = _storage(machine.url)
+        assert "cacheSizeGB" not in parsed["storage"].get("wiredTiger", {}).get("engineConfig", {})
+        assert "oplogSizeMB" not in parsed["replication"]
+        assert cache >= 256 * 2**20
+        assert oplog >= 990 * 2**20
 
 
 def test_single_node_is_a_primary_that_accepts_majority_writes(single: MongoReplicaSet) -> None:

@@ -156,6 +156,8 @@ class NodeProcesses:
     name: str
     _binary: str
     _extra_args: list[str]
+    _cache_size_gb: float | None
+    _oplog_size_mb: int | None
     _clients: dict[int, MongoClient[dict[str, Any]]]
 
     def _client(self, node: MongoNode) -> MongoClient[dict[str, Any]]:
@@ -185,10 +187,7 @@ class NodeProcesses:
             "--dbpath",
             node.dbpath,
             "--nounixsocket",
-            "--wiredTigerCacheSizeGB",
-            "0.25",
-            "--oplogSize",
-            "128",
+            *self._storage_args(),
             # No diagnostic.data files and a short quiesce on SIGTERM: tests stop sets often.
             "--setParameter",
             "diagnosticDataCollectionEnabled=false",
@@ -196,6 +195,16 @@ class NodeProcesses:
             "shutdownTimeoutMillisForSignaledShutdown=1000",
             *self._extra_args,
         ]
+
+    def _storage_args(self) -> list[str]:
+        """The cache and oplog sizes asked for; mongod sizes what is left out itself (the
+        cache from the machine's memory, the oplog from its free disk)."""
+        args = []
+        if self._cache_size_gb is not None:
+            args += ["--wiredTigerCacheSizeGB", str(self._cache_size_gb)]
+        if self._oplog_size_mb is not None:
+            args += ["--oplogSize", str(self._oplog_size_mb)]
+        return args
 
     def _launch(self, node: MongoNode, deadline: float, *, fixed_port: bool) -> None:
         """Start the node's process and wait until it accepts connections.

@@ -5,6 +5,7 @@ restart, step down.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import shutil
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pymongo
 from bson import ObjectId
@@ -30,10 +31,28 @@ from django_mongolock.testing.nodes import (
     free_port,
 )
 
-__all__ = ["MongoReplicaSet"]
+__all__ = ["SMALL_CACHE_GB", "SMALL_OPLOG_MB", "MongoReplicaSet"]
+
+# A test's footprint: the smallest WiredTiger cache mongod accepts, and a small oplog.
+SMALL_CACHE_GB = 0.25
+SMALL_OPLOG_MB = 128
 
 _ALREADY_INITIALIZED = 23
 _STOPPING_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
+
+
+def _check_size(name: str, value: object, least: float, kinds: tuple[type, ...]) -> None:
+    """``value`` is None (mongod's own default) or a number of ``kinds`` of at least
+    ``least``: mongod would refuse anything else only after it was started."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "a number" if float in kinds else "an int"
+        raise TypeError(f"{name} must be {kind} or None, not {type(value).__name__}")
+    if not least <= cast(float, value) < math.inf:
+        raise ValueError(
+            f"{name} must be at least {least} (or None for mongod's default), not {value!r}"
+        )
 
 
 class MongoReplicaSet(NodeProcesses):
@@ -43,7 +62,9 @@ class MongoReplicaSet(NodeProcesses):
     are given, which are kept. A single node is enough for lock semantics (majority writes need
     a replica set, not several machines); three nodes let tests fail over.
 
-    Nodes start with small-footprint flags and, for several nodes, a 2 s election timeout, so
+    Nodes start with small-footprint flags (a 0.25 GB WiredTiger cache and a 128 MB oplog:
+    ``cache_size_gb`` and ``oplog_size_mb``, None for the sizes mongod picks for the machine,
+    as a production server does) and, for several nodes, a 2 s election timeout, so
     that a killed primary is replaced within seconds. The first node is made primary at start
     (it gets a higher priority, then all priorities are made equal) so that tests begin from a
     known state and a later election is never undone by a priority takeover; pass
@@ -66,9 +87,13 @@ class MongoReplicaSet(NodeProcesses):
         election_timeout: float = 2.0,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 60.0,
+        cache_size_gb: float | None = SMALL_CACHE_GB,
+        oplog_size_mb: int | None = SMALL_OPLOG_MB,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a replica set needs at least one node, not {nodes!r}")
+        _check_size("cache_size_gb", cache_size_gb, SMALL_CACHE_GB, (int, float))
+        _check_size("oplog_size_mb", oplog_size_mb, 1, (int,))
         for label, values in (("ports", ports), ("dbpaths", dbpaths), ("priorities", priorities)):
             if values is not None and len(values) != nodes:
                 raise ValueError(f"{label} must have {nodes} items, not {len(values)}")
@@ -83,6 +108,8 @@ class MongoReplicaSet(NodeProcesses):
         self._priorities = list(priorities) if priorities is not None else None
         self._election_timeout_ms = round(election_timeout * 1000)
         self._extra_args = list(extra_args)
+        self._cache_size_gb = cache_size_gb
+        self._oplog_size_mb = oplog_size_mb
         self._startup_timeout = startup_timeout
         self._binary = ""
         self._tempdirs: list[str] = []
