@@ -23,7 +23,7 @@ from pymongo.errors import PyMongoError
 
 from django_mongolock.testing import LOOPBACK, MongoReplicaSet, free_port
 
-__all__ = ["MongoServer", "RedisServer", "mongo_server", "redis_server"]
+__all__ = ["MongoServer", "RedisServer", "mongo_server", "redis_server", "size"]
 
 URL_ENV = "MONGOLOCK_URL"
 
@@ -53,8 +53,8 @@ def mongo_server() -> Iterator[MongoServer]:
         return
     # Sized by mongod for the machine, as a production server is, not the test suite's
     # small cache and oplog: over 10,000 locks a tick's write and the raw one each dirty
-    # megabytes of documents and oplog, and in a 0.25 GB cache writes waited up to 0.8 s
-    # for eviction, hitting either side at random (docs/performance.md).
+    # megabytes of documents and oplog, and in a 0.25 GB cache a third of them waited for
+    # eviction, hitting either side at random (docs/performance.md).
     with MongoReplicaSet(
         1, name="mongolockbench", cache_size_gb=None, oplog_size_mb=None
     ) as replica_set:
@@ -81,15 +81,18 @@ def _storage(client: MongoClient[dict[str, Any]]) -> str:
     """The primary's WiredTiger cache and oplog sizes ("?" for what it does not say)."""
     try:
         cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
-        oplog = client.local.command("collStats", "oplog.rs")["maxSize"]
-        configured = cache["maximum bytes configured"]
-    except (PyMongoError, KeyError):
+        (oplog,) = client.local["oplog.rs"].aggregate([{"$collStats": {"storageStats": {}}}])
+        sizes = cache["maximum bytes configured"], oplog["storageStats"]["maxSize"]
+    except (PyMongoError, KeyError, ValueError):
         return "?"
-    return f"WiredTiger cache {_gib(configured)}, oplog {_gib(oplog)}"
+    return f"WiredTiger cache {size(sizes[0])}, oplog {size(sizes[1])}"
 
 
-def _gib(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB"
+def size(nbytes: float) -> str:
+    """``nbytes`` in MiB below a GiB, in GiB from there."""
+    if nbytes < 2**30:
+        return f"{nbytes / 2**20:.0f} MiB"
+    return f"{nbytes / 2**30:.2f} GiB"
 
 
 @contextlib.contextmanager

@@ -1038,13 +1038,19 @@ def test_the_report_names_the_servers_cache_and_oplog(mongolock_url: str) -> Non
     client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
     try:
         cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
-        oplog = client.local.command("collStats", "oplog.rs")["maxSize"]
+        (oplog,) = client.local["oplog.rs"].aggregate([{"$collStats": {"storageStats": {}}}])
     finally:
         client.close()
-    configured = cache["maximum bytes configured"]
-    assert server.storage == (
-        f"WiredTiger cache {configured / 2**30:.2f} GiB, oplog {oplog / 2**30:.2f} GiB"
+    configured, most = cache["maximum bytes configured"], oplog["storageStats"]["maxSize"]
+    assert (
+        server.storage == f"WiredTiger cache {servers.size(configured)}, oplog {servers.size(most)}"
     )
+    assert [servers.size(n) for n in (256 * 2**20, 2**30 - 1, 2**30, 11.27 * 2**30)] == [
+        "256 MiB",
+        "1024 MiB",
+        "1.00 GiB",
+        "11.27 GiB",
+    ]
     meta = {
         "load_start": [0.1, 0.2, 0.3],
         "started": "2026-12-05T06:00:00+00:00",

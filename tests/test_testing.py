@@ -153,14 +153,16 @@ def test_bad_arguments_are_refused_before_starting_anything() -> None:
         MongoReplicaSet(2, priorities=[0, 0])
     with pytest.raises(ReplicaSetError, match="not started"):
         _ = MongoReplicaSet().url
-    for cache in (0.1, 0, -1, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match=r"cache_size_gb must be at least 0\.25"):
+    # mongod's own bounds, which it would only enforce once started.
+    for cache in (0.1, 0, -1, 10_001, 10**400, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"cache_size_gb must be between 0\.25 and 10,000"):
             MongoReplicaSet(cache_size_gb=cache)
     for wrong in (True, "1", [1]):
-        with pytest.raises(TypeError, match="cache_size_gb must be a number or None"):
+        with pytest.raises(TypeError, match="cache_size_gb must be an int or a float or None"):
             MongoReplicaSet(cache_size_gb=wrong)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="oplog_size_mb must be at least 1"):
-        MongoReplicaSet(oplog_size_mb=0)
+    for oplog in (0, -5, 2**31):
+        with pytest.raises(ValueError, match="oplog_size_mb must be between 1 and 2,147,483,647"):
+            MongoReplicaSet(oplog_size_mb=oplog)
     for not_int in (1.5, False, "128"):
         with pytest.raises(TypeError, match="oplog_size_mb must be an int or None"):
             MongoReplicaSet(oplog_size_mb=not_int)  # type: ignore[arg-type]
@@ -171,8 +173,8 @@ def _storage(url: str) -> tuple[dict[str, Any], int, int]:
     with _client(url) as client:
         parsed = client.admin.command("getCmdLineOpts")["parsed"]
         cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
-        oplog = client.local.command("collStats", "oplog.rs")["maxSize"]
-    return parsed, cache["maximum bytes configured"], oplog
+        (stats,) = client.local["oplog.rs"].aggregate([{"$collStats": {"storageStats": {}}}])
+    return parsed, cache["maximum bytes configured"], stats["storageStats"]["maxSize"]
 
 
 def test_nodes_start_small_unless_told_otherwise(single: MongoReplicaSet) -> None:
@@ -189,7 +191,8 @@ def test_nodes_start_small_unless_told_otherwise(single: MongoReplicaSet) -> Non
         parsed, cache, oplog = _storage(machine.url)
         assert "cacheSizeGB" not in parsed["storage"].get("wiredTiger", {}).get("engineConfig", {})
         assert "oplogSizeMB" not in parsed["replication"]
-        assert cache >= 256 * 2**20
+        # mongod's default oplog on Linux: 5 % of the free disk, at least 990 MB (its
+        # cache, at least 256 MB, cannot be told from an explicit 0.25 GB by its size).
         assert oplog >= 990 * 2**20
 
 

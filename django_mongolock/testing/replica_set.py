@@ -5,7 +5,6 @@ restart, step down.
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import shutil
 import signal
@@ -13,7 +12,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Final
 
 import pymongo
 from bson import ObjectId
@@ -31,27 +30,32 @@ from django_mongolock.testing.nodes import (
     free_port,
 )
 
-__all__ = ["SMALL_CACHE_GB", "SMALL_OPLOG_MB", "MongoReplicaSet"]
+__all__ = ["MongoReplicaSet"]
 
-# A test's footprint: the smallest WiredTiger cache mongod accepts, and a small oplog.
-SMALL_CACHE_GB = 0.25
-SMALL_OPLOG_MB = 128
+# The sizes mongod accepts at startup: a WiredTiger cache of 0.25 to 10,000 GB, and an
+# oplog of at least 1 MB, parsed as a 32-bit int.
+_CACHE_GB: Final = (0.25, 10_000)
+_OPLOG_MB: Final = (1, 2**31 - 1)
 
 _ALREADY_INITIALIZED = 23
 _STOPPING_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 
 
-def _check_size(name: str, value: object, least: float, kinds: tuple[type, ...]) -> None:
-    """``value`` is None (mongod's own default) or a number of ``kinds`` of at least
-    ``least``: mongod would refuse anything else only after it was started."""
+def _check_size(
+    name: str, value: object, bounds: tuple[float, float], kinds: tuple[type, ...]
+) -> None:
+    """``value`` is None (mongod's own default) or a number of ``kinds`` within
+    ``bounds``: mongod would refuse anything else only once it was started."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, kinds):
-        kind = "a number" if float in kinds else "an int"
+        kind = "an int or a float" if float in kinds else "an int"
         raise TypeError(f"{name} must be {kind} or None, not {type(value).__name__}")
-    if not least <= cast(float, value) < math.inf:
+    least, most = bounds
+    if not least <= value <= most:  # type: ignore[operator]  # NaN fails it too
         raise ValueError(
-            f"{name} must be at least {least} (or None for mongod's default), not {value!r}"
+            f"{name} must be between {least} and {most:,} (or None for mongod's default), "
+            f"not {value!r}"
         )
 
 
@@ -62,13 +66,16 @@ class MongoReplicaSet(NodeProcesses):
     are given, which are kept. A single node is enough for lock semantics (majority writes need
     a replica set, not several machines); three nodes let tests fail over.
 
-    Nodes start with small-footprint flags (a 0.25 GB WiredTiger cache and a 128 MB oplog:
-    ``cache_size_gb`` and ``oplog_size_mb``, None for the sizes mongod picks for the machine,
-    as a production server does) and, for several nodes, a 2 s election timeout, so
-    that a killed primary is replaced within seconds. The first node is made primary at start
-    (it gets a higher priority, then all priorities are made equal) so that tests begin from a
-    known state and a later election is never undone by a priority takeover; pass
-    ``priorities`` to keep the ones you give.
+    Nodes start with small-footprint flags and, for several nodes, a 2 s election timeout, so
+    that a killed primary is replaced within seconds. The footprint: a 0.25 GB WiredTiger
+    cache (``cache_size_gb``, 0.25 to 10,000) and a 128 MB oplog (``oplog_size_mb``, at
+    least 1; it is sized when the oplog is made, so kept ``dbpaths`` keep theirs). None
+    leaves either to mongod, which sizes it for the machine as on a production server;
+    ``extra_args`` must not repeat an option given this way (mongod refuses to start).
+
+    The first node is made primary at start (it gets a higher priority, then all priorities
+    are made equal) so that tests begin from a known state and a later election is never
+    undone by a priority takeover; pass ``priorities`` to keep the ones you give.
 
     Processes are stopped by :meth:`stop`, by leaving the ``with`` block, or at interpreter
     exit as a last resort. They share the caller's process group, so a Ctrl+C in a terminal or
@@ -87,13 +94,13 @@ class MongoReplicaSet(NodeProcesses):
         election_timeout: float = 2.0,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 60.0,
-        cache_size_gb: float | None = SMALL_CACHE_GB,
-        oplog_size_mb: int | None = SMALL_OPLOG_MB,
+        cache_size_gb: float | None = 0.25,
+        oplog_size_mb: int | None = 128,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a replica set needs at least one node, not {nodes!r}")
-        _check_size("cache_size_gb", cache_size_gb, SMALL_CACHE_GB, (int, float))
-        _check_size("oplog_size_mb", oplog_size_mb, 1, (int,))
+        _check_size("cache_size_gb", cache_size_gb, _CACHE_GB, (int, float))
+        _check_size("oplog_size_mb", oplog_size_mb, _OPLOG_MB, (int,))
         for label, values in (("ports", ports), ("dbpaths", dbpaths), ("priorities", priorities)):
             if values is not None and len(values) != nodes:
                 raise ValueError(f"{label} must have {nodes} items, not {len(values)}")
