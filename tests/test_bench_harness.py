@@ -1031,23 +1031,14 @@ def test_a_burst_of_an_unknown_kind_or_no_process_is_refused_before_any_starts()
         arrival_load.burst("mongodb://127.0.0.1:1", "read", 0)
 
 
-def test_the_report_names_the_servers_cache_and_oplog(mongolock_url: str) -> None:
+def test_the_report_names_the_servers_cache_and_oplog() -> None:
     """The run's server, described with the sizes that shape a write's cost (eviction),
     and the report's row for them, left out of the reports of older runs."""
-    server = servers._describe(mongolock_url, started_here=False)
-    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
-    try:
-        cache = client.admin.command("serverStatus")["wiredTiger"]["cache"]
-        (oplog,) = client.local["oplog.rs"].aggregate([{"$collStats": {"storageStats": {}}}])
-    finally:
-        client.close()
-    configured, most = cache["maximum bytes configured"], oplog["storageStats"]["maxSize"]
-    assert (
-        server.storage == f"WiredTiger cache {servers.size(configured)}, oplog {servers.size(most)}"
-    )
-    assert [servers.size(n) for n in (256 * 2**20, 2**30 - 1, 2**30, 11.27 * 2**30)] == [
-        "256 MiB",
-        "1024 MiB",
+    with MongoReplicaSet(name="described", cache_size_gb=0.5, oplog_size_mb=300) as sized:
+        server = servers._describe(sized.url, started_here=False)
+    assert server.storage == "WiredTiger cache 512 MiB, oplog 300 MiB"
+    assert [servers.size(n) for n in (2**30 - 2**20, 2**30, 11.27 * 2**30)] == [
+        "1023 MiB",
         "1.00 GiB",
         "11.27 GiB",
     ]
