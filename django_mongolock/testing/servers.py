@@ -23,7 +23,7 @@ from django_mongolock.testing.nodes import (
     direct_client,
     find_mongod,
 )
-from django_mongolock.testing.replica_set import MongoReplicaSet
+from django_mongolock.testing.replica_set import TEST_CACHE_GB, TEST_OPLOG_MB, MongoReplicaSet
 
 __all__ = ["DEFAULT_DOCKER_IMAGE", "DOCKER_IMAGE_ENV", "mongolock_replica_set_url"]
 
@@ -83,6 +83,15 @@ def _docker_engine_answers(timeout: float = 3.0) -> bool:
             gc.collect()
 
 
+def _docker_command(name: str) -> str:
+    """mongod's arguments in the container: the footprint of a local test set (its cache
+    and oplog), so that a test runs on the same server whichever of the two it got."""
+    return (
+        f"--replSet {name} --bind_ip_all --port 27017"
+        f" --wiredTigerCacheSizeGB {TEST_CACHE_GB} --oplogSize {TEST_OPLOG_MB}"
+    )
+
+
 @contextlib.contextmanager
 def _docker_replica_set(name: str = "mongolock") -> Iterator[str]:  # pragma: no cover
     """A single-node replica set in a container; the URL connects to it directly.
@@ -93,11 +102,7 @@ def _docker_replica_set(name: str = "mongolock") -> Iterator[str]:  # pragma: no
     from testcontainers.core.container import DockerContainer
 
     image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
-    container = (
-        DockerContainer(image)
-        .with_command(f"--replSet {name} --bind_ip_all --port 27017 --wiredTigerCacheSizeGB 0.25")
-        .with_exposed_ports(27017)
-    )
+    container = DockerContainer(image).with_command(_docker_command(name)).with_exposed_ports(27017)
     with container:
         address = f"{container.get_container_host_ip()}:{container.get_exposed_port(27017)}"
         deadline = time.monotonic() + 60
