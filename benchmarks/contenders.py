@@ -34,7 +34,7 @@ from pymongo.write_concern import WriteConcern
 from benchmarks.instruments import instrument
 from django_mongolock import LockManager, LockNotAcquired, ServerUnavailable
 
-__all__ = ["DATABASE", "TTL", "Contender", "Spec", "build", "quiet_peers"]
+__all__ = ["DATABASE", "TTL", "Contender", "ListenedManager", "Spec", "build", "quiet_peers"]
 
 DATABASE: Final = "mongolock_bench"
 # Leases long enough that no lock of a workload expires while it is measured.
@@ -170,6 +170,18 @@ class FloorLock:
 
     def close(self) -> None:
         self.client.close()
+
+
+class ListenedManager(LockManager):
+    """A ``LockManager`` whose clients report every command to ``listener``, for probes
+    that time the manager's own writes (through the manager's hook for subclasses)."""
+
+    def __init__(self, *args: Any, listener: monitoring.CommandListener, **kwargs: Any) -> None:
+        self.listener = listener
+        super().__init__(*args, **kwargs)
+
+    def _client_options(self) -> dict[str, Any]:
+        return {**super()._client_options(), "event_listeners": [self.listener]}
 
 
 class OurLock:

@@ -16,7 +16,7 @@ from pymongo import MongoClient, monitoring
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
-from benchmarks.contenders import DATABASE
+from benchmarks.contenders import DATABASE, ListenedManager
 from benchmarks.probes import rss as resident
 from django_mongolock import Lock, LockManager
 
@@ -54,13 +54,8 @@ class _Writes(monitoring.CommandListener):
         self._names.pop(event.request_id, None)
 
 
-class _Monitored(LockManager):
-    """The bench's manager, its client reporting command times to ``listener``."""
-
-    listener = _Writes()
-
-    def _client_options(self) -> dict[str, Any]:
-        return {**super()._client_options(), "event_listeners": [self.listener]}
+# Server time of the commands of the probe's manager.
+_WRITES: Final = _Writes()
 
 
 # -- refresh and memory per held lock ---------------------------------------------------------
@@ -80,7 +75,9 @@ def refresh_probe(
     from django_mongolock.refresher import Refresher, get_refresher
 
     largest = max(sizes)
-    manager = _Monitored(url, database=DATABASE, collection="refresh", ttl=REFRESH_TTL)
+    manager = ListenedManager(
+        url, database=DATABASE, collection="refresh", ttl=REFRESH_TTL, listener=_WRITES
+    )
     manager.ensure_indexes()
     raw_client: MongoClient[dict[str, Any]] = MongoClient(url)
     raw = raw_client[DATABASE]["refresh"].with_options(write_concern=WriteConcern(w="majority"))
@@ -121,7 +118,7 @@ def refresh_probe(
             for lock in held:
                 refresher.register(lock)
             own = True
-        _Monitored.listener.spent.clear()
+        _WRITES.spent.clear()
         ours, floor = _time_ticks(refresher.tick, raw, [lock.key for lock in held], ticks)
         if own:
             refresher.stop()
@@ -182,7 +179,7 @@ def _time_ticks(
 def _tick_writes(ticks: int) -> dict[str, list[float]]:
     """Server time per tick of its writes, by collection (lock documents, heartbeats)."""
     by: dict[str, list[float]] = {}
-    for name, target, spent in _Monitored.listener.spent:
+    for name, target, spent in _WRITES.spent:
         by.setdefault(f"{name} {target}", []).append(spent)
     # The first tick warmed up and is not kept: keep the last ``ticks`` of each.
     return {what: times[-ticks:] for what, times in by.items()}
@@ -205,7 +202,7 @@ def _mixed(
     semaphore = manager.semaphore(f"refresh-{run}-semaphore", limit=PERMITS)
     permits = [semaphore.acquire(blocking=False) for _ in range(PERMITS)]
     keys = [lock.key for lock in locks] + shared_keys + [semaphore.key]
-    _Monitored.listener.spent.clear()
+    _WRITES.spent.clear()
     ours, floor = _time_ticks(get_refresher().tick, raw, keys, ticks)
     writes = _tick_writes(ticks)
     database = raw.database

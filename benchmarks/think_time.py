@@ -29,15 +29,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 from pymongo import monitoring
 
 from benchmarks.client_cpu import drop_collections
-from benchmarks.contenders import DATABASE, FloorLock, Spec
+from benchmarks.contenders import DATABASE, FloorLock, ListenedManager, Spec
 from benchmarks.servers import mongo_server
 from benchmarks.stats import table
-from django_mongolock import LockManager
 
 __all__ = ["THINKS", "Replies", "main", "measure", "spin"]
 
@@ -118,10 +117,6 @@ def measure(
     prefix = f"{COLLECTION}-{run}"
     replies = Replies()
 
-    class Listened(LockManager):
-        def _client_options(self) -> dict[str, Any]:
-            return {**super()._client_options(), "event_listeners": [replies]}
-
     trips: dict[str, list[float]] = {}
     waits: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
@@ -129,7 +124,9 @@ def measure(
         stack.callback(drop_collections, url, prefix)
         floor = FloorLock(Spec("floor", "floor", url, collection=prefix), [replies])
         stack.callback(floor.close)
-        manager = stack.enter_context(Listened(url, database=DATABASE, collection=f"{prefix}-ours"))
+        manager = stack.enter_context(
+            ListenedManager(url, database=DATABASE, collection=f"{prefix}-ours", listener=replies)
+        )
         kinds: dict[str, Callable[[str], None]] = {
             f"floor, {think} µs before each write": _floor_cycle(floor, think / 1e6)
             for think in dict.fromkeys(thinks)
