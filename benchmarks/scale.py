@@ -395,12 +395,27 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, str, float, bool]]:
                 f"≤ {WAKE_GOAL:g}x the {first['waiters']}-waiter case"
                 + (", no call timed out" if counted else ""),
                 f"{ms(last['wake']['p99'], 1)} vs {ms(first['wake']['p99'], 1)}"
-                + (f"; {timeouts} calls timed out" if timeouts else ""),
+                + (f"; {timeouts} calls timed out" if timeouts else "")
+                + (_machine(data, first["waiters"], last["waiters"]) if shape != "keys" else ""),
                 value,
                 value <= WAKE_GOAL and not timeouts,
             )
         )
     return rows
+
+
+def _machine(data: dict[str, Any], fewest: int, most: int) -> str:
+    """python-redis-lock's own wake-up p99 at the same two counts of processes, when the
+    run timed it: what the machine does to a lock whose server is not MongoDB."""
+    points = data.get("redis", {}).get("points", {})
+    low, high = points.get(str(fewest)), points.get(str(most))
+    if not (low and high and low["wake"]["p99"]):
+        return ""
+    ratio = high["wake"]["p99"] / low["wake"]["p99"]
+    return (
+        f"; python-redis-lock on this machine {ms(high['wake']['p99'], 2)} vs "
+        f"{ms(low['wake']['p99'], 2)} ({ratio:.2f}x)"
+    )
 
 
 def render(data: dict[str, Any], image: str | None) -> list[str]:

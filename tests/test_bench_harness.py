@@ -491,6 +491,33 @@ def test_a_lock_call_that_times_out_is_counted_and_the_worker_goes_on(
     assert target(None, None, None) == (False, True)
 
 
+def test_a_scale_target_names_python_redis_locks_ratio_at_the_same_counts() -> None:
+    """The processes' target shows what the machine does to the other lock of the run at
+    the same two counts; without those counts (or for the keys), nothing is added."""
+
+    def point(waiters: int, p99: float) -> dict[str, Any]:
+        return {"waiters": waiters, "wake": {"p50": p99 / 2, "p99": p99}, "timeouts": 0}
+
+    ours = {"points": {"4": point(4, 0.004), "200": point(200, 0.012)}}
+    redis = {"points": {"4": point(4, 0.001), "16": point(16, 0.0015), "200": point(200, 0.0025)}}
+    ((_, _, figure, value, met),) = scale.targets({"processes": ours, "redis": redis})
+    assert figure == (
+        "12.0 ms vs 4.0 ms; python-redis-lock on this machine 2.50 ms vs 1.00 ms (2.50x)"
+    )
+    assert (value, met) == (3.0, False)
+    # The verdict is ours alone: the reference changes none.
+    del redis["points"]["200"]
+    ((_, _, figure, value, met),) = scale.targets({"processes": ours, "redis": redis})
+    assert figure == "12.0 ms vs 4.0 ms"
+    assert (value, met) == (3.0, False)
+    # The keys shape has no counterpart among the other lock's processes.
+    redis["points"]["500"] = point(500, 0.0025)
+    keys = {"points": {"4": point(4, 0.004), "500": point(500, 0.006)}}
+    ((_, _, figure, _, met),) = scale.targets({"keys": keys, "redis": redis})
+    assert figure == "6.0 ms vs 4.0 ms"
+    assert met
+
+
 def test_only_a_call_past_its_time_limit_counts_as_timed_out() -> None:
     """A server that did not answer in time is counted and the run goes on; a server
     that cannot be reached, or any other error, ends it."""
