@@ -5,6 +5,7 @@ hangs after a failed round, would publish figures nobody should trust."""
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import socket
 import threading
@@ -492,20 +493,25 @@ def test_a_lock_call_that_times_out_is_counted_and_the_worker_goes_on(
 
 
 def test_a_scale_target_names_python_redis_locks_ratio_at_the_same_counts() -> None:
-    """The processes' target shows what the machine does to the other lock of the run at
-    the same two counts; without those counts (or for the keys), nothing is added."""
+    """The targets of processes on one key give python-redis-lock's ratio at the same two
+    counts of the run beside ours; without it (or for the keys), nothing is added."""
 
-    def point(waiters: int, p99: float) -> dict[str, Any]:
-        return {"waiters": waiters, "wake": {"p50": p99 / 2, "p99": p99}, "timeouts": 0}
+    def point(waiters: int, p99: float, timeouts: int = 0) -> dict[str, Any]:
+        return {"waiters": waiters, "wake": {"p50": p99 / 2, "p99": p99}, "timeouts": timeouts}
 
     ours = {"points": {"4": point(4, 0.004), "200": point(200, 0.012)}}
     redis = {"points": {"4": point(4, 0.001), "16": point(16, 0.0015), "200": point(200, 0.0025)}}
-    ((_, _, figure, value, met),) = scale.targets({"processes": ours, "redis": redis})
-    assert figure == (
-        "12.0 ms vs 4.0 ms; python-redis-lock on this machine 2.50 ms vs 1.00 ms (2.50x)"
-    )
-    assert (value, met) == (3.0, False)
-    # The verdict is ours alone: the reference changes none.
+    for shape in ("processes", "relay"):
+        ((_, _, figure, value, met),) = scale.targets({shape: ours, "redis": redis})
+        assert figure == "12.0 ms vs 4.0 ms; python-redis-lock 2.50 ms vs 1.00 ms (2.50x)"
+        assert (value, met) == (3.0, False)
+    # Left out where its p99 leaves a timed-out call out, or says nothing (no wake-up);
+    # the verdict is ours alone either way.
+    for other in (point(200, 0.0025, timeouts=1), point(200, math.nan)):
+        redis["points"]["200"] = other
+        ((_, _, figure, value, met),) = scale.targets({"processes": ours, "redis": redis})
+        assert figure == "12.0 ms vs 4.0 ms"
+        assert (value, met) == (3.0, False)
     del redis["points"]["200"]
     ((_, _, figure, value, met),) = scale.targets({"processes": ours, "redis": redis})
     assert figure == "12.0 ms vs 4.0 ms"

@@ -37,8 +37,8 @@ __all__ = ["MongoReplicaSet"]
 _CACHE_GB: Final = (0.25, 10_000)
 _OPLOG_MB: Final = (1, 2**31 - 1)
 # The tests' footprint, for a local set and the Docker fallback alike.
-TEST_CACHE_GB: Final = 0.25
-TEST_OPLOG_MB: Final = 128
+_TEST_CACHE_GB: Final = 0.25
+_TEST_OPLOG_MB: Final = 128
 
 _ALREADY_INITIALIZED = 23
 _STOPPING_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
@@ -97,8 +97,8 @@ class MongoReplicaSet(NodeProcesses):
         election_timeout: float = 2.0,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 60.0,
-        cache_size_gb: float | None = TEST_CACHE_GB,
-        oplog_size_mb: int | None = TEST_OPLOG_MB,
+        cache_size_gb: float | None = _TEST_CACHE_GB,
+        oplog_size_mb: int | None = _TEST_OPLOG_MB,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a replica set needs at least one node, not {nodes!r}")

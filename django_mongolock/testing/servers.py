@@ -23,7 +23,7 @@ from django_mongolock.testing.nodes import (
     direct_client,
     find_mongod,
 )
-from django_mongolock.testing.replica_set import TEST_CACHE_GB, TEST_OPLOG_MB, MongoReplicaSet
+from django_mongolock.testing.replica_set import _TEST_CACHE_GB, _TEST_OPLOG_MB, MongoReplicaSet
 
 __all__ = ["DEFAULT_DOCKER_IMAGE", "DOCKER_IMAGE_ENV", "mongolock_replica_set_url"]
 
@@ -88,7 +88,7 @@ def _docker_command(name: str) -> str:
     and oplog), so that a test runs on the same server whichever of the two it got."""
     return (
         f"--replSet {name} --bind_ip_all --port 27017"
-        f" --wiredTigerCacheSizeGB {TEST_CACHE_GB} --oplogSize {TEST_OPLOG_MB}"
+        f" --wiredTigerCacheSizeGB {_TEST_CACHE_GB} --oplogSize {_TEST_OPLOG_MB}"
     )
 
 
