@@ -36,7 +36,7 @@ __all__ = ["MongoReplicaSet"]
 # oplog of at least 1 MB, parsed as a 32-bit int.
 _CACHE_GB: Final = (0.25, 10_000)
 _OPLOG_MB: Final = (1, 2**31 - 1)
-# The tests' footprint, for a local set and the Docker fallback alike.
+# The tests' cache and oplog sizes, for a local set and the Docker fallback alike.
 _TEST_CACHE_GB: Final = 0.25
 _TEST_OPLOG_MB: Final = 128
 

@@ -84,8 +84,8 @@ def _docker_engine_answers(timeout: float = 3.0) -> bool:
 
 
 def _docker_command(name: str) -> str:
-    """mongod's arguments in the container: the footprint of a local test set (its cache
-    and oplog), so that a test runs on the same server whichever of the two it got."""
+    """mongod's arguments in the container: the cache and oplog sizes of a local test
+    set, so that a test runs on the same server whichever of the two it got."""
     return (
         f"--replSet {name} --bind_ip_all --port 27017"
         f" --wiredTigerCacheSizeGB {_TEST_CACHE_GB} --oplogSize {_TEST_OPLOG_MB}"
