@@ -1,0 +1,158 @@
+"""The modes of one write's round trip, by write concern and by where the data lives.
+
+``python -m benchmarks.write_modes [WRITES] [--dirs DIR,...] [--server-args ARGS]``
+(defaults 2000, and the system's temporary directory beside ``/dev/shm``, memory, where
+there is one): for each directory, a one-node replica set of its own (``ARGS``: more
+``mongod`` options, such as ``"--journalCommitInterval 1"``), its data in a fresh
+directory under it, and WRITES updates of one document a write concern, sent back to
+back by the raw driver with ``w: 1`` and with ``w: "majority"`` in alternating blocks
+of ``BLOCK``. For each: p10, p50, p90 and the round trip's modes (``modes``).
+``MONGOLOCK_URL`` is not used: the point is the server's own.
+
+Written for the two modes about 1 ms apart that the uncontended cycle's writes fell
+into: whether they are the server's, with no lock code in the way, and whether they
+follow the write concern, the disk or the journal's flushing. See
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.write_concern import WriteConcern
+
+from benchmarks.markdown import table
+from benchmarks.stats import ms, quantile
+from django_mongolock.testing import MongoReplicaSet
+
+__all__ = ["CONCERNS", "main", "measure", "modes"]
+
+CONCERNS: Final = {"w: 1": WriteConcern(w=1), "majority": WriteConcern(w="majority")}
+# Writes of one concern in a row, before the other's turn.
+BLOCK: Final = 100
+# Leading writes of each concern left out: the server's and the client's first ones.
+WARM_UP: Final = 100
+# A mode: a bin this wide (seconds) that holds at least ``MODE_SHARE`` of the round
+# trips and more than every other bin within ``MODE_SPAN`` bins on either side.
+BIN: Final = 0.0001
+MODE_SHARE: Final = 0.02
+MODE_SPAN: Final = 3
+# Where the data lives when no directory is named: memory, when the system has it.
+MEMORY: Final = "/dev/shm"
+
+
+def modes(
+    samples: Sequence[float],
+    *,
+    width: float = BIN,
+    share: float = MODE_SHARE,
+    span: int = MODE_SPAN,
+) -> list[float]:
+    """The modes of ``samples``, lowest first: the middle of each bin ``width`` wide that
+    holds at least ``share`` of them and more than any other bin within ``span`` bins
+    (of two equal neighbours, the lower counts)."""
+    if not samples:
+        return []
+    counts = collections.Counter(math.floor(sample / width) for sample in samples)
+    least = share * len(samples)
+    found = []
+    for bin_, count in sorted(counts.items()):
+        if count < least:
+            continue
+        lower = all(counts[bin_ - d] < count for d in range(1, span + 1))
+        higher = all(counts[bin_ + d] <= count for d in range(1, span + 1))
+        if lower and higher:
+            found.append((bin_ + 0.5) * width)
+    return found
+
+
+def measure(directory: str, writes: int, server_args: Sequence[str] = ()) -> dict[str, list[float]]:
+    """Each write concern's round trips (``writes`` each, after ``WARM_UP``), on a
+    one-node replica set started with ``server_args`` whose data is in a fresh
+    directory under ``directory``; the server and its data are gone when this
+    returns."""
+    dbpath = tempfile.mkdtemp(prefix="mongolock-write-modes-", dir=directory)
+    try:
+        with MongoReplicaSet(
+            name="writemodes", dbpaths=[dbpath], extra_args=server_args
+        ) as replica_set:
+            client: MongoClient[dict[str, Any]] = MongoClient(replica_set.url)
+            try:
+                return _timed(client["mongolock_write_modes"]["one"], writes)
+            finally:
+                client.close()
+    finally:
+        shutil.rmtree(dbpath, ignore_errors=True)
+
+
+def _timed(collection: Collection[dict[str, Any]], writes: int) -> dict[str, list[float]]:
+    collection.insert_one({"_id": 1, "n": 0})
+    each = {name: collection.with_options(write_concern=c) for name, c in CONCERNS.items()}
+    times: dict[str, list[float]] = {name: [] for name in CONCERNS}
+    n = 0
+    while min(len(values) for values in times.values()) < WARM_UP + writes:
+        for name, target in each.items():
+            for _ in range(BLOCK):
+                n += 1
+                started = time.perf_counter()
+                target.update_one({"_id": 1}, {"$set": {"n": n}})
+                times[name].append(time.perf_counter() - started)
+    return {name: values[WARM_UP : WARM_UP + writes] for name, values in times.items()}
+
+
+def _row(where: str, concern: str, values: Sequence[float]) -> list[str]:
+    found = ", ".join(ms(mode) for mode in modes(values)) or "none"
+    quantiles = [ms(quantile(values, q), 3) for q in (0.1, 0.5, 0.9)]
+    return [where, concern, *quantiles, found, str(len(values))]
+
+
+def _default_dirs() -> list[str]:
+    dirs = [tempfile.gettempdir()]
+    if os.path.isdir(MEMORY) and os.access(MEMORY, os.W_OK):
+        dirs.append(MEMORY)
+    return dirs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.write_modes")
+    parser.add_argument("writes", nargs="?", type=int, default=2000)
+    parser.add_argument("--dirs", help="directories to keep the data under, comma-separated")
+    parser.add_argument("--server-args", default="", help="more mongod options, as one string")
+    args = parser.parse_args(argv)
+    if args.writes < 1:
+        parser.error("WRITES must be at least 1")
+    dirs = args.dirs.split(",") if args.dirs else _default_dirs()
+    for directory in dirs:
+        if not os.path.isdir(directory):
+            parser.error(f"not a directory: {directory}")
+    server_args = shlex.split(args.server_args)
+    rows = []
+    for directory in dirs:
+        for concern, values in measure(directory, args.writes, server_args).items():
+            rows.append(_row(directory, concern, values))
+    print(
+        f"{args.writes} updates of one document a write concern, back to back, in blocks "
+        f"of {BLOCK}; modes: {BIN * 1000:g} ms bins holding at least {MODE_SHARE:.0%} of "
+        f"the writes and more than the bins within {MODE_SPAN} on either side"
+        + (f"; mongod {shlex.join(server_args)}" if server_args else "")
+    )
+    print(
+        "\n".join(table(["data under", "write concern", "p10", "p50", "p90", "modes", "n"], rows))
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
