@@ -72,7 +72,7 @@ from benchmarks.servers import mongo_server
 from benchmarks.workloads import deployed, ttl_indexed
 from django_mongolock import LockInfo, LockManager, LockNotAcquired, mongo
 
-__all__ = ["main", "measure", "report"]
+__all__ = ["drop_collections", "floor_cycle", "main", "measure", "report", "spin"]
 
 KEYS: Final = 1000
 WAYS: Final = ("ours", "unlimited", "store", "store-unlimited", "floor")
@@ -121,13 +121,25 @@ def manager_and_floor(url: str) -> Iterator[tuple[LockManager, Contender]]:
         yield manager, floor
 
 
-def floor_cycle(floor: Contender) -> Cycle:
-    """The floor's cycle: take ``key`` and release it; a refused key stops the probe."""
+def spin(seconds: float) -> None:
+    """Keep the thread busy (holding the GIL, as code would) for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def floor_cycle(floor: Contender, think: float = 0.0) -> Cycle:
+    """The floor's cycle: take ``key`` and release it, the thread kept busy ``think``
+    seconds before each of the two writes (``spin``); a refused key stops the probe."""
 
     def floored(key: str) -> None:
+        if think:
+            spin(think)
         handle = floor.try_acquire(key)
         if handle is None:
             raise _refused("floor", key)
+        if think:
+            spin(think)
         floor.release(handle)
 
     return floored

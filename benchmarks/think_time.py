@@ -33,12 +33,12 @@ from typing import Final
 
 from pymongo import monitoring
 
-from benchmarks.client_cpu import drop_collections
+from benchmarks.client_cpu import drop_collections, floor_cycle
 from benchmarks.contenders import DATABASE, FloorLock, ListenedManager, Spec
 from benchmarks.servers import mongo_server
 from benchmarks.stats import table
 
-__all__ = ["THINKS", "Replies", "main", "measure", "spin"]
+__all__ = ["THINKS", "Replies", "main", "measure"]
 
 THINKS: Final = (0, 20, 50, 100, 200, 400)
 # Cycles of one kind in a row before the next kind's turn; the first ones of each kind
@@ -53,13 +53,6 @@ ACQUIRE_TIMEOUT: Final = 10.0
 # floor's acquire (findAndModify) and release (delete).
 _WRITES: Final = frozenset({"findAndModify", "update", "delete"})
 OURS: Final = "django-mongolock, as it is"
-
-
-def spin(seconds: float) -> None:
-    """Keep the thread busy (holding the GIL, as code would) for ``seconds``."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 class Replies(monitoring.CommandListener):
@@ -94,18 +87,6 @@ class Replies(monitoring.CommandListener):
         self._replied = None
 
 
-def _floor_cycle(lock: FloorLock, think: float) -> Callable[[str], None]:
-    def cycle(key: str) -> None:
-        spin(think)
-        handle = lock.try_acquire(key)
-        if handle is None:
-            raise RuntimeError(f"the floor found {key!r} busy: the probe's keys are not clean")
-        spin(think)
-        lock.release(handle)
-
-    return cycle
-
-
 def measure(
     url: str, cycles: int, thinks: Sequence[int] = THINKS
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -128,7 +109,7 @@ def measure(
             ListenedManager(url, database=DATABASE, collection=f"{prefix}-ours", listener=replies)
         )
         kinds: dict[str, Callable[[str], None]] = {
-            f"floor, {think} µs before each write": _floor_cycle(floor, think / 1e6)
+            f"floor, {think} µs before each write": floor_cycle(floor, think / 1e6)
             for think in dict.fromkeys(thinks)
         }
 

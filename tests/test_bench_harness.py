@@ -27,6 +27,7 @@ from pymongo.errors import (
 
 from benchmarks import (
     arrival_load,
+    client_cpu,
     handing_write,
     handoff_parts,
     line_cost,
@@ -1005,9 +1006,9 @@ def test_spinning_keeps_the_thread_busy_for_the_time_asked(
 
     # The probe's clock alone, with no sleep to call (patching ``time.sleep`` itself
     # would break the other threads of the session that sleep meanwhile).
-    monkeypatch.setattr(think_time, "time", SimpleNamespace(perf_counter=time.perf_counter))
+    monkeypatch.setattr(client_cpu, "time", SimpleNamespace(perf_counter=time.perf_counter))
     started, cpu = time.perf_counter(), time.thread_time()
-    think_time.spin(0.02)
+    client_cpu.spin(0.02)
     assert time.perf_counter() - started >= 0.02
     assert time.thread_time() > cpu
 
