@@ -1,17 +1,21 @@
 """The modes of one write's round trip, by write concern and by where the data lives.
 
-``python -m benchmarks.write_modes [WRITES] [--dirs DIR,...] [--server-args ARGS]``
-(defaults 2000, and the system's temporary directory beside ``/dev/shm``, memory, where
-there is one): for each directory, a one-node replica set of its own (``ARGS``: more
-``mongod`` options, such as ``"--journalCommitInterval 1"``), its data in a fresh
-directory under it, and WRITES updates of one document a write concern, sent back to
-back by the raw driver with ``w: 1`` and with ``w: "majority"`` in alternating blocks
-of ``BLOCK``. For each: p10, p50, p90 and the round trip's modes (``modes``).
-``MONGOLOCK_URL`` is not used: the point is the server's own.
+``python -m benchmarks.write_modes [WRITES] [--pauses MS,...] [--dirs DIR,...]
+[--server-args ARGS]`` (defaults 1000 writes, pauses of 0 and 5 ms, and the system's
+temporary directory beside ``/dev/shm``, memory, where there is one): for each
+directory, a one-node replica set of its own (``ARGS``: more ``mongod`` options, such
+as ``"--journalCommitInterval 1"``), its data in a fresh directory under it, and
+WRITES updates of one document by the raw driver for each write concern (``w: 1``, and
+``w: "majority"`` as every lock write is sent) and each pause: each update sent that
+long after the previous one's reply (0: at once, back to back; 5 ms: as a release
+after a 5 ms hold is). The kinds take turns in blocks of ``BLOCK``. For each: p10, p50,
+p90 and the round trip's modes (``modes``). ``MONGOLOCK_URL`` is not used: the point
+is the server's own.
 
 Written for the two modes about 1 ms apart that the uncontended cycle's writes fell
-into: whether they are the server's, with no lock code in the way, and whether they
-follow the write concern, the disk or the journal's flushing. See
+into, and for the handoff's release, sent after a hold: whether the modes are the
+server's, with no lock code in the way, and whether they follow the write concern,
+the pause before the write, the disk or the journal's flushing. See
 docs/performance.md.
 """
 
@@ -37,12 +41,14 @@ from benchmarks.markdown import table
 from benchmarks.stats import ms, quantile
 from django_mongolock.testing import MongoReplicaSet
 
-__all__ = ["CONCERNS", "main", "measure", "modes"]
+__all__ = ["CONCERNS", "PAUSES", "kind", "main", "measure", "modes"]
 
 CONCERNS: Final = {"w: 1": WriteConcern(w=1), "majority": WriteConcern(w="majority")}
-# Writes of one concern in a row, before the other's turn.
+# The pauses before each write (seconds) when none are named.
+PAUSES: Final = (0.0, 0.005)
+# Writes of one kind in a row, before the next kind's turn.
 BLOCK: Final = 100
-# Leading writes of each concern left out: the server's and the client's first ones.
+# Leading writes of each kind left out: the server's and the client's first ones.
 WARM_UP: Final = 100
 # A mode: a bin this wide (seconds) that holds at least ``MODE_SHARE`` of the round
 # trips and more than every other bin within ``MODE_SPAN`` bins on either side.
@@ -78,11 +84,23 @@ def modes(
     return found
 
 
-def measure(directory: str, writes: int, server_args: Sequence[str] = ()) -> dict[str, list[float]]:
-    """Each write concern's round trips (``writes`` each, after ``WARM_UP``), on a
-    one-node replica set started with ``server_args`` whose data is in a fresh
-    directory under ``directory``; the server and its data are gone when this
-    returns."""
+def kind(concern: str, pause: float) -> str:
+    """A kind of write as the table names it."""
+    if not pause:
+        return f"{concern}, back to back"
+    return f"{concern}, {pause * 1000:g} ms after the previous reply"
+
+
+def measure(
+    directory: str,
+    writes: int,
+    server_args: Sequence[str] = (),
+    pauses: Sequence[float] = PAUSES,
+) -> dict[str, list[float]]:
+    """The round trips of each write concern after each of ``pauses`` (``writes`` of
+    each, after ``WARM_UP``), by ``kind``, on a one-node replica set started with
+    ``server_args`` whose data is in a fresh directory under ``directory``; the server
+    and its data are gone when this returns."""
     dbpath = tempfile.mkdtemp(prefix="mongolock-write-modes-", dir=directory)
     try:
         with MongoReplicaSet(
@@ -90,32 +108,40 @@ def measure(directory: str, writes: int, server_args: Sequence[str] = ()) -> dic
         ) as replica_set:
             client: MongoClient[dict[str, Any]] = MongoClient(replica_set.url)
             try:
-                return _timed(client["mongolock_write_modes"]["one"], writes)
+                return _timed(client["mongolock_write_modes"]["one"], writes, pauses)
             finally:
                 client.close()
     finally:
         shutil.rmtree(dbpath, ignore_errors=True)
 
 
-def _timed(collection: Collection[dict[str, Any]], writes: int) -> dict[str, list[float]]:
+def _timed(
+    collection: Collection[dict[str, Any]], writes: int, pauses: Sequence[float]
+) -> dict[str, list[float]]:
     collection.insert_one({"_id": 1, "n": 0})
-    each = {name: collection.with_options(write_concern=c) for name, c in CONCERNS.items()}
-    times: dict[str, list[float]] = {name: [] for name in CONCERNS}
+    each = {
+        kind(name, pause): (collection.with_options(write_concern=concern), pause)
+        for name, concern in CONCERNS.items()
+        for pause in dict.fromkeys(pauses)
+    }
+    times: dict[str, list[float]] = {name: [] for name in each}
     n = 0
     while min(len(values) for values in times.values()) < WARM_UP + writes:
-        for name, target in each.items():
+        for name, (target, pause) in each.items():
             for _ in range(BLOCK):
                 n += 1
+                if pause:
+                    time.sleep(pause)
                 started = time.perf_counter()
                 target.update_one({"_id": 1}, {"$set": {"n": n}})
                 times[name].append(time.perf_counter() - started)
     return {name: values[WARM_UP : WARM_UP + writes] for name, values in times.items()}
 
 
-def _row(where: str, concern: str, values: Sequence[float]) -> list[str]:
+def _row(where: str, name: str, values: Sequence[float]) -> list[str]:
     found = ", ".join(ms(mode) for mode in modes(values)) or "none"
     quantiles = [ms(quantile(values, q), 3) for q in (0.1, 0.5, 0.9)]
-    return [where, concern, *quantiles, found, str(len(values))]
+    return [where, name, *quantiles, found, str(len(values))]
 
 
 def _default_dirs() -> list[str]:
@@ -127,12 +153,19 @@ def _default_dirs() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.write_modes")
-    parser.add_argument("writes", nargs="?", type=int, default=2000)
+    parser.add_argument("writes", nargs="?", type=int, default=1000)
+    parser.add_argument("--pauses", help="milliseconds before each write, comma-separated")
     parser.add_argument("--dirs", help="directories to keep the data under, comma-separated")
     parser.add_argument("--server-args", default="", help="more mongod options, as one string")
     args = parser.parse_args(argv)
     if args.writes < 1:
         parser.error("WRITES must be at least 1")
+    try:
+        pauses = [float(p) / 1000 for p in args.pauses.split(",")] if args.pauses else PAUSES
+    except ValueError:
+        parser.error(f"--pauses takes milliseconds, comma-separated: not {args.pauses!r}")
+    if not all(0 <= pause <= 1 for pause in pauses):
+        parser.error("each pause must be between 0 and 1000 ms")
     dirs = args.dirs.split(",") if args.dirs else _default_dirs()
     for directory in dirs:
         if not os.path.isdir(directory):
@@ -140,17 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     server_args = shlex.split(args.server_args)
     rows = []
     for directory in dirs:
-        for concern, values in measure(directory, args.writes, server_args).items():
-            rows.append(_row(directory, concern, values))
+        for name, values in measure(directory, args.writes, server_args, pauses).items():
+            rows.append(_row(directory, name, values))
     print(
-        f"{args.writes} updates of one document a write concern, back to back, in blocks "
-        f"of {BLOCK}; modes: {BIN * 1000:g} ms bins holding at least {MODE_SHARE:.0%} of "
-        f"the writes and more than the bins within {MODE_SPAN} on either side"
+        f"{args.writes} updates of one document of each kind, in blocks of {BLOCK}; modes: "
+        f"{BIN * 1000:g} ms bins holding at least {MODE_SHARE:.0%} of the writes and more "
+        f"than the bins within {MODE_SPAN} on either side"
         + (f"; mongod {shlex.join(server_args)}" if server_args else "")
     )
-    print(
-        "\n".join(table(["data under", "write concern", "p10", "p50", "p90", "modes", "n"], rows))
-    )
+    print("\n".join(table(["data under", "write", "p10", "p50", "p90", "modes", "n"], rows)))
     return 0
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,27 +41,43 @@ def test_the_modes_are_the_bins_that_stand_above_their_neighbours() -> None:
     assert write_modes.modes([]) == []
 
 
-def test_the_probe_times_both_concerns_on_a_server_of_its_own_and_leaves_nothing(
+def test_the_probe_times_each_kind_on_a_server_of_its_own_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The writes of each concern after the warm-up, on a server started with the
-    options asked for, whose data is under the directory given; both gone after."""
+    """The writes of each concern and pause after the warm-up, on a server started with
+    the options asked for, whose data is under the directory given; both gone after."""
     seen: dict[str, Any] = {}
     timed = write_modes._timed
 
-    def noted(collection: Collection[dict[str, Any]], writes: int) -> dict[str, list[float]]:
+    def noted(
+        collection: Collection[dict[str, Any]], writes: int, pauses: Sequence[float]
+    ) -> dict[str, list[float]]:
         admin = collection.database.client.admin
         options = admin.command("getCmdLineOpts")
         seen["argv"] = options["argv"]
         seen["dbpath"] = options["parsed"]["storage"]["dbPath"]
         seen["address"] = collection.database.client.address
-        return timed(collection, writes)
+        return timed(collection, writes, pauses)
 
     monkeypatch.setattr(write_modes, "_timed", noted)
-    times = write_modes.measure(str(tmp_path), 5, ["--journalCommitInterval", "7"])
-    assert list(times) == list(write_modes.CONCERNS)
-    assert [len(values) for values in times.values()] == [5, 5]
+    monkeypatch.setattr(write_modes, "BLOCK", 3)
+    monkeypatch.setattr(write_modes, "WARM_UP", 2)
+    slept: list[float] = []
+    monkeypatch.setattr(
+        write_modes, "time", SimpleNamespace(sleep=slept.append, perf_counter=time.perf_counter)
+    )
+    times = write_modes.measure(str(tmp_path), 5, ["--journalCommitInterval", "7"], (0, 0.01))
+    assert list(times) == [
+        "w: 1, back to back",
+        "w: 1, 10 ms after the previous reply",
+        "majority, back to back",
+        "majority, 10 ms after the previous reply",
+    ]
+    assert [len(values) for values in times.values()] == [5] * 4
     assert all(0 < value < 10 for values in times.values() for value in values)
+    # Whole blocks of 3 until 2 + 5 of each kind: 9 of each; a pause before each of the
+    # paused kinds' writes, none before the others'.
+    assert slept == [0.01] * 18
     assert "--journalCommitInterval" in seen["argv"]
     assert seen["argv"][seen["argv"].index("--journalCommitInterval") + 1] == "7"
     assert Path(seen["dbpath"]).parent == tmp_path
@@ -74,7 +93,15 @@ def test_bad_arguments_are_refused_before_any_server_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(write_modes, "measure", lambda *a: pytest.fail("must not start"))
-    for argv in (["0"], ["-3"], ["5", "--dirs", str(tmp_path / "missing")]):
+    wrong = (
+        ["0"],
+        ["-3"],
+        ["5", "--dirs", str(tmp_path / "missing")],
+        ["5", "--pauses", "1,x"],
+        ["5", "--pauses", "-1"],
+        ["5", "--pauses", "1001"],
+    )
+    for argv in wrong:
         with pytest.raises(SystemExit) as exited:
             write_modes.main(argv)
         assert exited.value.code == 2
