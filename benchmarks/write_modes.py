@@ -57,6 +57,8 @@ MODE_SHARE: Final = 0.02
 MODE_SPAN: Final = 3
 # Where the data lives when no directory is named: memory, when the system has it.
 MEMORY: Final = "/dev/shm"
+# Bounds each write (ms): a server that stops answering ends the run with an error.
+WRITE_LIMIT_MS: Final = 10_000
 
 
 def modes(
@@ -100,13 +102,16 @@ def measure(
     """The round trips of each write concern after each of ``pauses`` (``writes`` of
     each, after ``WARM_UP``), by ``kind``, on a one-node replica set started with
     ``server_args`` whose data is in a fresh directory under ``directory``; the server
-    and its data are gone when this returns."""
+    and its data are gone when this returns. The set has the test suite's small cache
+    and oplog (one document is written)."""
     dbpath = tempfile.mkdtemp(prefix="mongolock-write-modes-", dir=directory)
     try:
         with MongoReplicaSet(
             name="writemodes", dbpaths=[dbpath], extra_args=server_args
         ) as replica_set:
-            client: MongoClient[dict[str, Any]] = MongoClient(replica_set.url)
+            client: MongoClient[dict[str, Any]] = MongoClient(
+                replica_set.url, timeoutMS=WRITE_LIMIT_MS
+            )
             try:
                 return _timed(client["mongolock_write_modes"]["one"], writes, pauses)
             finally:
@@ -148,7 +153,17 @@ def _default_dirs() -> list[str]:
     dirs = [tempfile.gettempdir()]
     if os.path.isdir(MEMORY) and os.access(MEMORY, os.W_OK):
         dirs.append(MEMORY)
-    return dirs
+    return list(dict.fromkeys(os.path.realpath(d) for d in dirs))
+
+
+def _writable(directory: str) -> bool:
+    """Whether a directory can be made in ``directory``: tried, so that a directory
+    refused after others were measured does not lose their figures."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix="mongolock-write-modes-", dir=directory))
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,11 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--pauses takes milliseconds, comma-separated: not {args.pauses!r}")
     if not all(0 <= pause <= 1 for pause in pauses):
         parser.error("each pause must be between 0 and 1000 ms")
-    dirs = args.dirs.split(",") if args.dirs else _default_dirs()
+    dirs = list(dict.fromkeys(args.dirs.split(","))) if args.dirs else _default_dirs()
     for directory in dirs:
-        if not os.path.isdir(directory):
-            parser.error(f"not a directory: {directory}")
-    server_args = shlex.split(args.server_args)
+        if not _writable(directory):
+            parser.error(f"not a directory this user can write to: {directory}")
+    try:
+        server_args = shlex.split(args.server_args)
+    except ValueError as exc:
+        parser.error(f"--server-args: {exc}")
     rows = []
     for directory in dirs:
         for name, values in measure(directory, args.writes, server_args, pauses).items():

@@ -5,7 +5,6 @@ would mislead whoever reads its table."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from pymongo.collection import Collection
 
 from benchmarks import write_modes
+from django_mongolock.testing import MongoReplicaSet
 
 
 def _at(ms: float, count: int) -> list[float]:
@@ -48,6 +48,7 @@ def test_the_probe_times_each_kind_on_a_server_of_its_own_and_leaves_nothing(
     the options asked for, whose data is under the directory given; both gone after."""
     seen: dict[str, Any] = {}
     timed = write_modes._timed
+    started = _started_sets(monkeypatch)
 
     def noted(
         collection: Collection[dict[str, Any]], writes: int, pauses: Sequence[float]
@@ -56,7 +57,6 @@ def test_the_probe_times_each_kind_on_a_server_of_its_own_and_leaves_nothing(
         options = admin.command("getCmdLineOpts")
         seen["argv"] = options["argv"]
         seen["dbpath"] = options["parsed"]["storage"]["dbPath"]
-        seen["address"] = collection.database.client.address
         return timed(collection, writes, pauses)
 
     monkeypatch.setattr(write_modes, "_timed", noted)
@@ -82,11 +82,35 @@ def test_the_probe_times_each_kind_on_a_server_of_its_own_and_leaves_nothing(
     assert seen["argv"][seen["argv"].index("--journalCommitInterval") + 1] == "7"
     assert Path(seen["dbpath"]).parent == tmp_path
     assert not os.listdir(tmp_path)
-    with (
-        pytest.raises(ConnectionRefusedError),
-        socket.create_connection(seen["address"], timeout=2),
-    ):
-        pass
+    assert [node.running for replica_set in started for node in replica_set.nodes] == [False]
+
+
+def test_a_run_that_fails_leaves_no_server_and_no_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _started_sets(monkeypatch)
+
+    def broken(*_: object) -> dict[str, list[float]]:
+        raise RuntimeError("the server went away")
+
+    monkeypatch.setattr(write_modes, "_timed", broken)
+    with pytest.raises(RuntimeError, match="went away"):
+        write_modes.measure(str(tmp_path), 5)
+    assert not os.listdir(tmp_path)
+    assert [node.running for replica_set in started for node in replica_set.nodes] == [False]
+
+
+def _started_sets(monkeypatch: pytest.MonkeyPatch) -> list[MongoReplicaSet]:
+    """The replica sets the probe makes from now on, as it made them."""
+    made: list[MongoReplicaSet] = []
+
+    class Recorded(MongoReplicaSet):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(write_modes, "MongoReplicaSet", Recorded)
+    return made
 
 
 def test_bad_arguments_are_refused_before_any_server_starts(
@@ -100,6 +124,8 @@ def test_bad_arguments_are_refused_before_any_server_starts(
         ["5", "--pauses", "1,x"],
         ["5", "--pauses", "-1"],
         ["5", "--pauses", "1001"],
+        ["5", "--server-args", '"--unclosed'],
+        ["5", "--dirs", "/proc"],  # no directory can be made there, even by root
     )
     for argv in wrong:
         with pytest.raises(SystemExit) as exited:
