@@ -10,7 +10,7 @@ import multiprocessing
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -377,6 +377,44 @@ def test_the_line_cost_applies_each_write_as_it_would_change_a_running_line(
     for point in data["points"].values():
         assert set(point) == {*line_cost.WRITES, "plain"}
         assert min(point.values()) > 0
+
+
+def test_a_line_cost_turn_writes_its_lines_again_when_their_places_would_lapse_first(
+    mongolock_url: str, bench_database: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose documents took so long to write that their places would lapse before
+    its write writes them again, and measures over live places; a server that stays
+    that slow stops the probe with an error saying so."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    collection = client[DATABASE]["harness_line_slow"]
+    server_time = line_cost._server_time
+    readings: list[datetime] = []
+
+    def slow(late: Callable[[int], bool]) -> Callable[[Collection[dict[str, Any]]], datetime]:
+        """The server's time, read before and after each insert (the 2n-th reading comes
+        after the n-th), as if the inserts ``late`` says took ten seconds."""
+
+        def read(on: Collection[dict[str, Any]]) -> datetime:
+            readings.append(server_time(on))
+            after = len(readings) % 2 == 0 and late(len(readings) // 2)
+            return readings[-1] + timedelta(seconds=10 if after else 0)
+
+        return read
+
+    try:
+        monkeypatch.setattr(line_cost, "_server_time", slow(lambda insert: insert == 1))
+        line_cost._turn(collection, 3, 5, line_cost._writes(5)["join"])
+        assert len(readings) == 4  # written twice: the first insert was too slow
+        for doc in collection.find():
+            assert [place["owner"] for place in doc["waiters"]][-1] == "newcomer"
+            assert len(doc["waiters"]) == 6
+        readings.clear()
+        monkeypatch.setattr(line_cost, "_server_time", slow(lambda insert: True))
+        with pytest.raises(RuntimeError, match="too slow for this probe"):
+            line_cost._turn(collection, 3, 5, line_cost._writes(5)["join"])
+        assert len(readings) == 2 * line_cost.TURN_TRIES
+    finally:
+        client.close()
 
 
 def test_the_scale_table_counts_the_write_conflicts_the_server_ran_again(
