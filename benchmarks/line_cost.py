@@ -53,8 +53,8 @@ PLACES_LAST: Final = timedelta(milliseconds=PLACES_LAST_MS)
 # Places of waiters that joined behind a long lease: a handoff cuts every one.
 LONG_PLACES_LAST: Final = timedelta(minutes=1)
 # A turn's write is sent only while its places have at least this long left, for the
-# time the write takes to reach the last document; otherwise the documents are written
-# again, up to ``TURN_TRIES`` times in all.
+# time until the server applies it; otherwise the documents are written again, up to
+# ``TURN_TRIES`` times in all.
 LIVE_MARGIN: Final = timedelta(seconds=1)
 TURN_TRIES: Final = 3
 
@@ -142,9 +142,9 @@ def _turn(
             break
     else:
         raise RuntimeError(
-            f"writing {documents} documents took longer than their places last "
-            f"({write.last.total_seconds():g} s) {TURN_TRIES} times: the server is too "
-            "slow for this probe now"
+            f"writing {documents} documents left their places less than "
+            f"{LIVE_MARGIN.total_seconds():g} s of their {write.last.total_seconds():g} s, "
+            f"{TURN_TRIES} times: the server is too slow for this probe now"
         )
     started = time.perf_counter()
     result = collection.update_many(
