@@ -9,11 +9,12 @@ costs one such write. The places last as long as those of waiters that looked ag
 within the line check, so that a handoff cuts only the new head's place; the handoff is
 measured a second time over places that last a minute (a line that joined behind a long
 lease), which its cut shortens every one of. The documents are written afresh before
-every turn, timed by the server's clock, and checked after the write for what it was to
-do. One command per turn, so the wait for the majority write concern is shared by the
-documents and does not hide their work; the shorter the line, the more documents (at
-least ``places_in_all`` places, and ``documents`` documents), so that no line's figure
-rests on less work than that.
+every turn, timed by the server's clock (and again, should writing them leave the places
+too little time), and checked after the write for what it was to do. One command per
+turn, so the wait for the majority write concern is shared by the documents and does
+not hide their work; the shorter the line, the more documents (at least
+``places_in_all`` places, and ``documents`` documents), so that no line's figure rests
+on less work than that.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class Write:
     let: Mapping[str, Any] | None
     done: Mapping[str, Any]  # a filter every document matches after the write
     last: timedelta = PLACES_LAST
+    # How long the places must still last when the write is applied, for it to do what
+    # it is named (beyond ``LIVE_MARGIN``): a handoff cuts only the places that last
+    # past the line check and the grace period.
+    needs: timedelta = timedelta(0)
 
 
 def _document(number: int, places: int, at: datetime, last: timedelta) -> dict[str, Any]:
@@ -95,6 +100,15 @@ def _last_until(until: Any) -> dict[str, Any]:
     return {"$expr": {"$let": {"vars": {"last": last}, "in": {"$eq": ["$$last.until", until]}}}}
 
 
+# A filter: the line's last place (the one the write renewed or added, at ``$$NOW``) was
+# written while its first place was live, so the write met a live line.
+_MET_LIVE: Final = {
+    "$expr": {
+        "$lt": [{"$arrayElemAt": ["$waiters.at", -1]}, {"$arrayElemAt": ["$waiters.until", 0]}]
+    }
+}
+
+
 def _writes(places: int) -> dict[str, Write]:
     """Each write, and the plain one, over every document of the collection."""
     handing = list(queries.release_writes(contended=True)[0]("-", _HOLDER, _TOKEN).pipeline)
@@ -102,18 +116,25 @@ def _writes(places: int) -> dict[str, Write]:
     joining = queries.acquire("newcomer", 60.0, queue=True)
     handed: dict[str, Any] = {"owner": "waiter-0", "head": "waiter-1" if places > 1 else None}
     left, cut = handed, handed
+    line_check = queries.LINE_CHECK_MS + queries.PLACE_GRACE_MS
     if places > 2:  # the last place is behind the new head: cut, or left as it was
-        line_check = queries.LINE_CHECK_MS + queries.PLACE_GRACE_MS
         left = handed | _last_until({"$add": ["$$last.at", PLACES_LAST_MS]})
         cut = handed | _last_until({"$add": ["$acquired_at", line_check]})
+    cut_all = timedelta(milliseconds=line_check)
+    # Renewed where it stands (a lapsed place would have made it join at the end).
+    renewed = {
+        f"waiters.{places}": {"$exists": False},
+        f"waiters.{places - 1}.owner": f"waiter-{places - 1}",
+    }
     return {
         "handoff": Write(handing, None, left),
-        "handoff, every place cut": Write(handing, None, cut, LONG_PLACES_LAST),
-        # Renewed where it stands (a lapsed place would have made it join at the end).
-        "renewal": Write(
-            list(renewing.pipeline), renewing.let, {f"waiters.{places}": {"$exists": False}}
+        "handoff, every place cut": Write(handing, None, cut, LONG_PLACES_LAST, cut_all),
+        "renewal": Write(list(renewing.pipeline), renewing.let, renewed | _MET_LIVE),
+        "join": Write(
+            list(joining.pipeline),
+            joining.let,
+            {f"waiters.{places}.owner": "newcomer"} | _MET_LIVE,
         ),
-        "join": Write(list(joining.pipeline), joining.let, {f"waiters.{places}.owner": "newcomer"}),
         "plain": Write([{"$set": {"refreshed_at": "$$NOW"}}], None, {"owner": _HOLDER}),
     }
 
@@ -130,21 +151,22 @@ def _turn(
 
     The places last ``write.last`` from the server time read before the documents are
     written: on a loaded machine, writing thousands of them can take that long, and a
-    write over lapsed places does other work (a join onto an empty line, a release
-    that frees the key). So the write is sent only while they have ``LIVE_MARGIN``
-    left, the documents written again otherwise.
+    write over lapsed places does other work (a renewal joins the end, a release frees
+    the key). So the write is sent only while they have ``write.needs`` and
+    ``LIVE_MARGIN`` left, the documents written again otherwise.
     """
     for _ in range(TURN_TRIES):
         collection.delete_many({})
         at = _server_time(collection)
         collection.insert_many([_document(n, places, at, write.last) for n in range(documents)])
-        if _server_time(collection) < at + write.last - LIVE_MARGIN:
+        if _server_time(collection) < at + write.last - write.needs - LIVE_MARGIN:
             break
     else:
         raise RuntimeError(
             f"writing {documents} documents left their places less than "
-            f"{LIVE_MARGIN.total_seconds():g} s of their {write.last.total_seconds():g} s, "
-            f"{TURN_TRIES} times: the server is too slow for this probe now"
+            f"{(write.needs + LIVE_MARGIN).total_seconds():g} s of their "
+            f"{write.last.total_seconds():g} s, {TURN_TRIES} times: the server is too slow "
+            "for this probe now"
         )
     started = time.perf_counter()
     result = collection.update_many(

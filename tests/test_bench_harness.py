@@ -390,14 +390,16 @@ def test_a_line_cost_turn_writes_its_lines_again_when_their_places_would_lapse_f
     server_time = line_cost._server_time
     readings: list[datetime] = []
 
-    def slow(late: Callable[[int], bool]) -> Callable[[Collection[dict[str, Any]]], datetime]:
+    def slow(
+        late: Callable[[int], bool], took: float = 10
+    ) -> Callable[[Collection[dict[str, Any]]], datetime]:
         """The server's time, read before and after each insert (the 2n-th reading comes
-        after the n-th), as if the inserts ``late`` says took ten seconds."""
+        after the n-th), as if the inserts ``late`` says took ``took`` seconds."""
 
         def read(on: Collection[dict[str, Any]]) -> datetime:
             readings.append(server_time(on))
             after = len(readings) % 2 == 0 and late(len(readings) // 2)
-            return readings[-1] + timedelta(seconds=10 if after else 0)
+            return readings[-1] + timedelta(seconds=took if after else 0)
 
         return read
 
@@ -405,14 +407,47 @@ def test_a_line_cost_turn_writes_its_lines_again_when_their_places_would_lapse_f
         monkeypatch.setattr(line_cost, "_server_time", slow(lambda insert: insert == 1))
         line_cost._turn(collection, 3, 5, line_cost._writes(5)["join"])
         assert len(readings) == 4  # written twice: the first insert was too slow
-        for doc in collection.find():
-            assert [place["owner"] for place in doc["waiters"]][-1] == "newcomer"
-            assert len(doc["waiters"]) == 6
+        # The documents measured are the second insert's.
+        at = readings[2].replace(tzinfo=None)
+        assert [doc["waiters"][0]["at"] for doc in collection.find()] == [at] * 3
         readings.clear()
         monkeypatch.setattr(line_cost, "_server_time", slow(lambda insert: True))
         with pytest.raises(RuntimeError, match="too slow for this probe"):
             line_cost._turn(collection, 3, 5, line_cost._writes(5)["join"])
         assert len(readings) == 2 * line_cost.TURN_TRIES
+        # Places that last a minute leave ten seconds plenty of time; but a handoff cuts
+        # them only while they last past the line check and the grace period, so 55 s
+        # is too long for that write.
+        cut = line_cost._writes(5)["handoff, every place cut"]
+        for took, tries in ((10, 1), (55, 2)):
+            readings.clear()
+            monkeypatch.setattr(line_cost, "_server_time", slow(lambda insert: insert == 1, took))
+            line_cost._turn(collection, 3, 5, cut)
+            assert len(readings) == 2 * tries, took
+    finally:
+        client.close()
+
+
+def test_the_line_cost_checks_refuse_a_renewal_or_join_over_a_lapsed_line(
+    mongolock_url: str, bench_database: None
+) -> None:
+    """Over places that lapsed before the write, a renewal joins the end and a join meets
+    no live place: whether the line is compacted (16 places) or not (4), the write's
+    check finds no document as it should have left it."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url)
+    collection = client[DATABASE]["harness_line_lapsed"]
+    try:
+        for places in (4, 16):
+            writes = line_cost._writes(places)
+            for name in ("renewal", "join"):
+                write = writes[name]
+                collection.delete_many({})
+                lapsed = line_cost._server_time(collection) - write.last - timedelta(seconds=1)
+                collection.insert_many(
+                    [line_cost._document(n, places, lapsed, write.last) for n in range(2)]
+                )
+                collection.update_many({}, write.pipeline, let=write.let)
+                assert collection.count_documents(write.done) == 0, (places, name)
     finally:
         client.close()
 
