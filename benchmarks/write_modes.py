@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import math
 import os
 import shlex
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -37,6 +37,7 @@ from pymongo import MongoClient
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
+from benchmarks.handoff_parts import paced
 from benchmarks.markdown import table
 from benchmarks.stats import ms, quantile
 from django_mongolock.testing import MongoReplicaSet
@@ -130,16 +131,14 @@ def _timed(
         for pause in dict.fromkeys(pauses)
     }
     times: dict[str, list[float]] = {name: [] for name in each}
-    n = 0
+    serial = itertools.count(1)  # every update changes the document
     while min(len(values) for values in times.values()) < WARM_UP + writes:
         for name, (target, pause) in each.items():
-            for _ in range(BLOCK):
-                n += 1
-                if pause:
-                    time.sleep(pause)
-                started = time.perf_counter()
-                target.update_one({"_id": 1}, {"$set": {"n": n}})
-                times[name].append(time.perf_counter() - started)
+
+            def update(_: int, target: Collection[dict[str, Any]] = target) -> None:
+                target.update_one({"_id": 1}, {"$set": {"n": next(serial)}})
+
+            times[name].extend(paced(update, BLOCK, pause))
     return {name: values[WARM_UP : WARM_UP + writes] for name, values in times.items()}
 
 
@@ -151,7 +150,7 @@ def _row(where: str, name: str, values: Sequence[float]) -> list[str]:
 
 def _default_dirs() -> list[str]:
     dirs = [tempfile.gettempdir()]
-    if os.path.isdir(MEMORY) and os.access(MEMORY, os.W_OK):
+    if os.path.isdir(MEMORY) and _writable(MEMORY):
         dirs.append(MEMORY)
     return list(dict.fromkeys(os.path.realpath(d) for d in dirs))
 

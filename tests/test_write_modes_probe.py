@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pymongo.collection import Collection
 
-from benchmarks import write_modes
+from benchmarks import handoff_parts, write_modes
 from django_mongolock.testing import MongoReplicaSet
 
 
@@ -64,7 +64,7 @@ def test_the_probe_times_each_kind_on_a_server_of_its_own_and_leaves_nothing(
     monkeypatch.setattr(write_modes, "WARM_UP", 2)
     slept: list[float] = []
     monkeypatch.setattr(
-        write_modes, "time", SimpleNamespace(sleep=slept.append, perf_counter=time.perf_counter)
+        handoff_parts, "time", SimpleNamespace(sleep=slept.append, perf_counter=time.perf_counter)
     )
     times = write_modes.measure(str(tmp_path), 5, ["--journalCommitInterval", "7"], (0, 0.01))
     assert list(times) == [
