@@ -43,7 +43,7 @@ from pymongo.database import Database
 from benchmarks.idle_streams import held_open
 from benchmarks.servers import mongo_server
 from benchmarks.stats import table
-from django_mongolock.queries import Release, handing_release
+from django_mongolock.queries import HEAD_MARK, Release, handing_release, head_owner
 from django_mongolock.queries.common import (
     ENDED_KEEP,
     HANDOFF_LEASE_MS,
@@ -120,7 +120,7 @@ def same_fields(lock: dict[str, Any], now: datetime) -> dict[str, Any]:
         "expires_at": now + timedelta(milliseconds=HANDOFF_LEASE_MS),
         "ttl": places[0]["ttl"],
         "released_at": now,
-        "head": places[1]["owner"],
+        "head": f"{places[1]['owner']}{HEAD_MARK}{lock['token'] + 1}",
         "ended": [lock["owner"], *lock.get("ended", ())][:ENDED_KEEP],
         "group": None,
         "kind": None,
@@ -215,7 +215,7 @@ def _check(
         wrong = reply.get("nModified") != 1
         if kind == "handing" and copy is not None:
             places = lock["waiters"]
-            wrong = wrong or (copy.get("owner"), copy.get("head")) != (
+            wrong = wrong or (copy.get("owner"), head_owner(copy.get("head"))) != (
                 places[0]["owner"],
                 places[1]["owner"],
             )

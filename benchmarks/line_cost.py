@@ -114,7 +114,9 @@ def _writes(places: int) -> dict[str, Write]:
     handing = list(queries.release_writes(contended=True)[0]("-", _HOLDER, _TOKEN).pipeline)
     renewing = queries.acquire(f"waiter-{places - 1}", 60.0, queue=True)
     joining = queries.acquire("newcomer", 60.0, queue=True)
-    handed: dict[str, Any] = {"owner": "waiter-0", "head": "waiter-1" if places > 1 else None}
+    # The head written is the second waiter's id followed by the handoff's token.
+    head = {"$regex": f"^waiter-1{queries.HEAD_MARK}[0-9]+$"} if places > 1 else None
+    handed: dict[str, Any] = {"owner": "waiter-0", "head": head}
     left, cut = handed, handed
     line_check = queries.LINE_CHECK_MS + queries.PLACE_GRACE_MS
     if places > 2:  # the last place is behind the new head: cut, or left as it was

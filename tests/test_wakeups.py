@@ -24,8 +24,10 @@ from django_mongolock.owners import owner_prefix
 from django_mongolock.queries import (
     ENDED_KEEP,
     FREED_EVENTS,
+    HEAD_MARK,
     LINE_CHECK_MS,
     PLACE_GRACE_MS,
+    head_owner,
     wakeups,
 )
 from django_mongolock.watcher import handoff_of
@@ -71,7 +73,8 @@ def _owner(locks: Any, key: str) -> Any:
 
 
 def _story(stream: Any) -> list[tuple[str, Any, Any]]:
-    """What a stream was sent up to the sentinel's delete: (kind, new owner, new head)."""
+    """What a stream was sent up to the sentinel's delete: (kind, new owner, the owner of
+    the new head)."""
     story: list[tuple[str, Any, Any]] = []
     deadline = time.monotonic() + BOUND
     while time.monotonic() < deadline:
@@ -88,7 +91,7 @@ def _story(stream: Any) -> list[tuple[str, Any, Any]]:
         if kind == "delete":
             story.append(("delete", None, None))
         elif fields.get("owner"):
-            story.append(("handoff", fields["owner"], fields.get("head")))
+            story.append(("handoff", fields["owner"], head_owner(fields.get("head"))))
         else:
             story.append(("freed", None, None))
     raise AssertionError(f"the sentinel never came; so far {story}")
@@ -120,7 +123,7 @@ def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
     doc = store.collection.find_one({"_id": key})
     assert doc is not None
     handed_at = doc["acquired_at"]
-    assert (doc["owner"], doc["head"]) == (places[0], places[1])
+    assert (doc["owner"], head_owner(doc["head"])) == (places[0], places[1])
     assert _stored(doc) == [
         (None, None),  # the new holder's place, marked lapsed where it stands
         (places[1], handed_at + timedelta(milliseconds=PLACE_GRACE_MS)),
@@ -134,6 +137,50 @@ def test_a_handoff_names_the_new_head_and_cuts_the_places_behind_it(
     doc = store.collection.find_one({"_id": key})
     assert doc is not None
     assert (doc["owner"], doc["head"], doc["waiters"]) == (None, None, [])
+
+
+def test_a_handoff_reaches_its_new_head_when_the_last_one_named_it_too(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The same waiter can be first in line after two handoffs in a row: its place was
+    cut to the grace period by the first and lapsed (here: it left), and it joined again
+    behind the waiter the second hands the key to. The second handoff must still reach
+    its process, or it sleeps until its line check while its new place, cut again,
+    lapses: ``head`` carries each handoff's token, so the server never leaves it out of
+    the event as unchanged."""
+    key = "wakeups-same-head"
+    store = manager.store
+    client: MongoClient[dict[str, Any]] = MongoClient(mongolock_url, tz_aware=True)
+    locks = client[manager.database][manager.collection]
+    first, head, later = (f"{owner_prefix(name)}{n:012x}" for n, name in enumerate(NAMES))
+    stream = locks.watch(wakeups(owner_prefix(NAMES[1])), max_await_time_ms=100)
+    try:
+        holder = manager.acquire(key, ttl=30)
+        for owner in (first, head):
+            assert store.acquire(key, owner, 30.0, queue=True).owner == holder.owner
+        assert holder.release()
+        handed = locks.find_one({"_id": key})
+        assert handed is not None
+        assert (handed["owner"], head_owner(handed["head"])) == (first, head)
+        # The head gives up its place and joins again, behind a newcomer.
+        store.leave(key, head)
+        for owner in (later, head):
+            assert store.acquire(key, owner, 30.0, queue=True).owner == first
+        assert [place["owner"] for place in _line(locks, key) if place.get("owner")] == [
+            later,
+            head,
+        ]
+        assert store.release(key, first, handed["token"], contended=True)
+        again = locks.find_one({"_id": key})
+        assert again is not None
+        assert (again["owner"], head_owner(again["head"])) == (later, head)
+        assert again["head"] != handed["head"]
+        locks.insert_one({"_id": SENTINEL})
+        locks.delete_one({"_id": SENTINEL})
+        assert _story(stream) == [("handoff", first, head), ("handoff", later, head)]
+    finally:
+        stream.close()
+        client.close()
 
 
 def test_places_behind_the_head_last_the_line_check_while_the_key_is_held(
@@ -390,7 +437,8 @@ def test_a_release_event_leaves_the_line_out(manager: LockManager, handed: bool)
         assert handoff is not None
         assert (handoff.owner, handoff.previous) == ("other:7:000000000000", holder.owner)
         assert handoff.token > holder.token
-        assert fields["head"] == "other:7:000000000001"
+        assert head_owner(fields["head"]) == "other:7:000000000001"
+        assert fields["head"] == f"other:7:000000000001{HEAD_MARK}{handoff.token}"
     else:
         assert "owner" in fields
         assert fields["owner"] is None

@@ -33,6 +33,7 @@ from django_mongolock.queries.common import (
     PLACE_GRACE_MS,
     PROJECTION,
 )
+from django_mongolock.queries.handing import HEAD_MARK, head_owner
 from django_mongolock.queries.indexes import (
     AUDIT_KEY_INDEX,
     AUDIT_TTL_INDEX,
@@ -97,6 +98,7 @@ __all__ = [
     "FIELDS",
     "FREED_EVENTS",
     "HANDOFF_LEASE_MS",
+    "HEAD_MARK",
     "HEARTBEAT_SLACK",
     "HELD",
     "HISTORY_SORT",
@@ -131,6 +133,7 @@ __all__ = [
     "force_release",
     "give_up",
     "handing_release",
+    "head_owner",
     "heartbeats",
     "leave",
     "leave_queue",

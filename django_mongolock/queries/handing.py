@@ -26,10 +26,12 @@ from django_mongolock.queries.common import (
 
 __all__ = [
     "FREED",
+    "HEAD_MARK",
     "RELEASED_AT",
     "ended_with",
     "ended_with_each",
     "free_stage",
+    "head_owner",
     "release_stage",
     "shortened",
 ]
@@ -99,6 +101,23 @@ _SECOND_OWNER: Final = {
 }
 
 
+# What ``head`` holds between the owner of the place first in line after a handoff and
+# that handoff's token: no two handoffs of a key write the same ``head``, so the change
+# stream reports it on every one (``queries.wakeups`` matches how it starts), also when
+# the same waiter is named again (its place lapsed, and it joined again behind the new
+# holder): the server leaves a field written with its old value out of the event.
+HEAD_MARK: Final = "@"
+
+
+def head_owner(head: object) -> str | None:
+    """The owner of the place a handoff named first in line, from its ``head`` (None when
+    it named none)."""
+    if not isinstance(head, str):
+        return None
+    owner, mark, token = head.rpartition(HEAD_MARK)
+    return owner if mark and token.isdigit() else head
+
+
 # ``released_at`` always changes (even two releases in one millisecond), so that the
 # change stream reports it and the watcher wakes the key's waiters on every release.
 RELEASED_AT: Final = {"$max": ["$$NOW", {"$add": [{"$ifNull": ["$released_at", "$$NOW"]}, 1]}]}
@@ -122,7 +141,7 @@ def _freed(places: Any) -> dict[str, Any]:
             "$$ROOT",
             {
                 "owner": None,
-                "head": None,  # a later handoff's head must show as a change
+                "head": None,  # nobody is named first in line while the key is free
                 "released_at": RELEASED_AT,
                 "waiters": shortened(places),
                 "expires_at": "$$NOW",
@@ -145,7 +164,8 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
     When the first live place in line is a plain exclusive waiter's (it carries
     ``hand``), the same write makes that waiter the holder: a new token, its lease
     (``HANDOFF_LEASE_MS`` at most, until its refresher extends it to its ttl), its place
-    marked lapsed, and the owner of the place now first in line as ``head``.
+    marked lapsed, and the owner of the place now first in line as ``head`` (followed by
+    ``HEAD_MARK`` and the new token).
     Only the processes of those two learn of it from their change streams
     (``queries.wakeups``): the new holder takes the lock without a write of its own, the
     new head looks again, so that it takes the key soon after that first lease if the
@@ -162,14 +182,14 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
             "$$ROOT",
             {
                 "owner": "$$n.owner",
-                "token": NEW_TOKEN,
+                "token": "$$token",
                 "acquired_at": "$$NOW",
                 "refreshed_at": "$$NOW",
                 "expires_at": {"$add": ["$$NOW", {"$min": ["$$n.ttl_ms", HANDOFF_LEASE_MS]}]},
                 "ttl": "$$n.ttl",
                 "released_at": RELEASED_AT,
                 "waiters": _handed_line(),
-                "head": {"$ifNull": ["$$head", None]},
+                "head": {"$concat": ["$$head", HEAD_MARK, {"$toString": "$$token"}]},
                 "ended": ended_with("$owner"),
                 "group": None,
                 "kind": None,
@@ -182,7 +202,11 @@ def release_stage(owner_matches: Any) -> dict[str, Any]:
             "vars": {"q": LIVE_WAITERS},
             "in": {
                 "$let": {
-                    "vars": {"n": {"$arrayElemAt": ["$$q", 0]}, "head": _SECOND_OWNER},
+                    "vars": {
+                        "n": {"$arrayElemAt": ["$$q", 0]},
+                        "head": _SECOND_OWNER,
+                        "token": NEW_TOKEN,
+                    },
                     "in": {"$cond": [handing, handed, freed]},
                 }
             },
