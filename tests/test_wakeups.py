@@ -162,6 +162,8 @@ def test_a_handoff_reaches_its_new_head_when_the_last_one_named_it_too(
         handed = locks.find_one({"_id": key})
         assert handed is not None
         assert (handed["owner"], head_owner(handed["head"])) == (first, head)
+        # The handed first lease lasts 2 s: made long enough for the rest of the test.
+        assert store.refresh(key, first, handed["token"], 30.0) is not None
         # The head gives up its place and joins again, behind a newcomer.
         store.leave(key, head)
         for owner in (later, head):

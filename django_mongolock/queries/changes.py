@@ -91,10 +91,10 @@ def wakeups(prefix: str | None) -> list[dict[str, Any]]:
     release that keeps the document for its waiters (it sets ``released_at`` and clears
     ``owner``): every process with waiters hears of those. A release that hands the key
     to the first waiter in line (it makes a new ``owner``, and names the next place in
-    line ``head``) matters to those two waiters only: with ``prefix``, only the
-    processes they belong to hear of it, so that one handoff costs the server one event
-    to deliver, however many processes wait for the key. ``None`` lets every handoff
-    through.
+    line ``head``, its holder id followed by the handoff's token) matters to those two
+    waiters only: with ``prefix``, only the processes they belong to hear of it, so that
+    one handoff costs the server one event to deliver, however many processes wait for
+    the key. ``None`` lets every handoff through.
 
     The server logs an update whose changes are about as large as the document as a
     whole new document: the stream reports it as a ``replace`` (a release that hands a
