@@ -104,8 +104,9 @@ _SECOND_OWNER: Final = {
 # What ``head`` holds between the owner of the place first in line after a handoff and
 # that handoff's token: no two handoffs of a key write the same ``head``, so the change
 # stream reports it on every one (``queries.wakeups`` matches how it starts), also when
-# the same waiter is named again (its place lapsed, and it joined again behind the new
-# holder): the server leaves a field written with its old value out of the event.
+# the same waiter is named again (its place lapsed, and it joined again behind the waiter
+# the handoff goes to): the server leaves a field written with its old value out of the
+# event.
 HEAD_MARK: Final = "@"
 
 
