@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pymongo import MongoClient
+from pymongo.collection import Collection
 from pymongo.database import Database
 
 from django_mongolock import clock
+from django_mongolock.queries import LIVE_WAITERS
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK, Agent, Record, Spawn, agent_config
 
@@ -59,6 +63,106 @@ def test_a_killed_waiter_holds_a_freed_lock_back_at_most_for_the_grace_period(
     record(held_back_after_release_seconds=held_back)
     assert held_back <= PLACE_GRACE + BEHIND_IN_LINE + SLACK
     assert got["token"] > taken["token"]
+
+
+def _live_owners(locks: Collection[dict[str, Any]], key: str) -> list[str]:
+    """The owners of the live places in ``key``'s line, in line order (by server time)."""
+    doc = locks.find_one(
+        {"_id": key}, {"live": {"$map": {"input": LIVE_WAITERS, "as": "w", "in": "$$w.owner"}}}
+    )
+    return list(doc["live"]) if doc else []
+
+
+def _until_line(
+    locks: Collection[dict[str, Any]], key: str, wanted: Callable[[list[str]], bool]
+) -> list[str]:
+    """Poll ``key``'s line until its live owners are ``wanted`` (bounded)."""
+    deadline = clock.now() + 30
+    while not wanted(owners := _live_owners(locks, key)):
+        assert clock.now() < deadline, f"the line of {key!r} is still {owners}"
+        time.sleep(0.02)
+    return owners
+
+
+def _until_quiet(locks: Collection[dict[str, Any]], key: str, owner: str, seconds: float) -> None:
+    """Poll until ``owner``'s live place in ``key``'s line was last renewed ``seconds``
+    ago (by the server's clock), bounded."""
+    deadline = clock.now() + 30
+    last_at = {
+        "$max": {
+            "$map": {
+                "input": LIVE_WAITERS,
+                "as": "w",
+                "in": {"$cond": [{"$eq": ["$$w.owner", owner]}, "$$w.at", None]},
+            }
+        }
+    }
+    while True:
+        doc = locks.find_one({"_id": key}, {"at": last_at, "now": "$$NOW"})
+        assert doc is not None
+        assert doc["at"] is not None, f"{owner} is not in line for {key!r}"
+        if (doc["now"] - doc["at"]).total_seconds() >= seconds:
+            return
+        assert clock.now() < deadline, f"{owner} kept renewing its place for {key!r}"
+        time.sleep(0.02)
+
+
+def test_a_waiter_named_head_twice_in_a_row_is_woken_both_times(
+    replica_set: MongoReplicaSet, database: str, spawn: Spawn, record: Record
+) -> None:
+    """A handoff names a frozen waiter head; its place lapses, and once thawed it joins
+    again behind a later waiter. The next handoff goes to that waiter, dead by then, and
+    names the thawed one head again. It must hear of that second handoff too: it then
+    takes the lock when the dead waiter's first lease ends. Unwoken, it would look again
+    only at its line check, after its place (cut to the grace period by the handoff) had
+    lapsed, and lose its turn to the live waiter behind it, which holds on from then."""
+    ttl = 30.0
+    config = agent_config(replica_set, database)
+    holder, first, frozen, doomed, last = (
+        spawn("rpc", config, name=name) for name in ("holder", "first", "frozen", "doomed", "last")
+    )
+    for agent in (holder, first, frozen, doomed, last):
+        agent.event("ready", 30)
+    client: MongoClient[dict[str, Any]] = MongoClient(replica_set.url, tz_aware=True)
+    locks = client[database]["locks"]
+    try:
+        taken = holder.call("acquire", name="job", key="job", ttl=ttl)
+        assert taken["ok"], taken
+        handed = first.send("acquire", name="job", key="job", ttl=ttl, timeout=60)
+        _until_line(locks, "job", lambda line: len(line) == 1)
+        waiting = frozen.send("acquire", name="job", key="job", ttl=ttl, timeout=60)
+        frozen_owner = _until_line(locks, "job", lambda line: len(line) == 2)[1]
+        frozen.kill(signal.SIGSTOP)
+        # The first handoff: to the first waiter, naming the frozen one head.
+        assert holder.call("release", name="job")["held"]
+        got_first = first.reply(handed, timeout=30)
+        assert got_first["ok"], got_first
+        doomed.send("acquire", name="job", key="job", ttl=ttl, timeout=60)
+        # The frozen waiter's place lapses at the grace period; the doomed one's stays.
+        (doomed_owner,) = _until_line(
+            locks, "job", lambda line: len(line) == 1 and line[0] != frozen_owner
+        )
+        frozen.kill(signal.SIGCONT)
+        # Thawed, it looks again and joins behind the doomed waiter.
+        _until_line(locks, "job", lambda line: line == [doomed_owner, frozen_owner])
+        last.send("acquire", name="job", key="job", ttl=ttl, timeout=60)
+        _until_line(locks, "job", lambda line: len(line) == 3)
+        # Once it has joined, it may look again within BEHIND_IN_LINE; from the last of
+        # its looks, its next is a line check away. Release just after that quiet spell,
+        # so that this next look would come after its place, cut by the handoff, lapsed.
+        _until_quiet(locks, "job", frozen_owner, BEHIND_IN_LINE + 0.2)
+        doomed.kill()
+        # The second handoff: to the dead waiter, naming the thawed one head again.
+        released = first.call("release", name="job")
+        assert released["held"]
+        got = frozen.reply(waiting, timeout=PLACE_GRACE + BEHIND_IN_LINE + 30)
+        assert got["ok"], got
+        held_back = got["done"] - released["done"]
+        record(held_back_after_second_handoff_seconds=held_back)
+        assert held_back <= PLACE_GRACE + BEHIND_IN_LINE + SLACK
+        assert got["token"] > got_first["token"] + 1  # the dead waiter's token between
+    finally:
+        client.close()
 
 
 def test_a_waiter_that_gave_up_does_not_hold_back_the_one_behind_it(
