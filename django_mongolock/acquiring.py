@@ -100,7 +100,13 @@ def acquire(
         if not isinstance(exc, MongoLockError):
             _abandon(store, request if plan is None else plan.request)
         raise
-    lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    try:
+        lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    except BaseException:
+        # No handle for the caller (a refresher thread that could not start, an
+        # interrupt): nobody could release the lease, which would block others to its end.
+        _abandon(store, request)
+        raise
     if announcing:
         announce(lock)
     _told(source, handoff, lock)
@@ -300,7 +306,12 @@ async def aacquire(
             left = request if plan is None else plan.request
             await _leave_line(store, left, shared=left.shared)
         raise
-    lock = await aannounce(_handle(source, mine, sent_at, keep, on_lost, _full(mine, request)))
+    try:
+        lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
+    except BaseException:
+        await _leave_line(store, request, shared=request.shared)  # as ``acquire`` does
+        raise
+    lock = await aannounce(lock)
     _told(source, handoff, lock)
     return lock
 

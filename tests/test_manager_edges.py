@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
@@ -20,6 +21,7 @@ from django_mongolock import Lock, LockManager
 from django_mongolock.acquiring import ABANDONED as cleanups
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.info import LockInfo
+from django_mongolock.refresher import Refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import LockStore
 
@@ -402,3 +404,53 @@ def test_a_raising_receiver_frees_an_async_acquisition(
 
     asyncio.run(main())
     assert _free(manager, "async-orphan")
+
+
+class _NoThread(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("waiter", ["thread", "coroutine"])
+@pytest.mark.parametrize(
+    ("shared", "handed"),
+    [(False, False), (False, True), (True, False)],
+    ids=["taken", "handed-over", "shared"],
+)
+def test_a_lease_whose_handle_cannot_be_made_is_given_back(
+    manager: LockManager,
+    other: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+    waiter: str,
+    shared: bool,
+    handed: bool,
+) -> None:
+    """The server gave the caller the lock (taken itself, or handed over by a release
+    while it waited), but the handle cannot be made: the refresher's thread cannot
+    start. The caller gets the error, and the key is free at once, not taken by nobody
+    until the lease ends."""
+    key = f"no-handle-{waiter}-{shared}-{handed}"
+    holder = manager.acquire(key, ttl=30) if handed else None
+
+    def register(self: Refresher, lock: Any) -> None:
+        raise _NoThread("can't start new thread")
+
+    monkeypatch.setattr(Refresher, "register", register)
+
+    def take() -> Lock:
+        if waiter == "thread":
+            return other.acquire(key, ttl=30, shared=shared, timeout=BOUND)
+        return asyncio.run(other.aacquire(key, ttl=30, shared=shared, timeout=BOUND))
+
+    with ThreadPoolExecutor(1) as pool:
+        taking = pool.submit(take)
+        if holder is not None:
+            deadline = time.monotonic() + BOUND
+            while not _line(manager, key):
+                assert time.monotonic() < deadline, "the waiter never joined the line"
+                time.sleep(0.01)
+            assert holder.release()
+        with pytest.raises(_NoThread):
+            taking.result(timeout=BOUND)
+    assert _free(manager, key)
+    monkeypatch.undo()
+    manager.acquire(key, blocking=False).release()
