@@ -21,7 +21,8 @@ from django_mongolock import Lock, LockManager
 from django_mongolock.acquiring import ABANDONED as cleanups
 from django_mongolock.astore import AsyncLockStore
 from django_mongolock.info import LockInfo
-from django_mongolock.refresher import Refresher
+from django_mongolock.lanes import Lane
+from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired
 from django_mongolock.store import LockStore
 
@@ -425,21 +426,26 @@ def test_a_lease_whose_handle_cannot_be_made_is_given_back(
     handed: bool,
 ) -> None:
     """The server gave the caller the lock (taken itself, or handed over by a release
-    while it waited), but the handle cannot be made: the refresher's thread cannot
-    start. The caller gets the error, and the key is free at once, not taken by nobody
-    until the lease ends."""
+    while it waited), but the handle cannot be made: the refresher's lane took it, then
+    its thread could not start. The caller gets the error, the key is free at once, not
+    taken by nobody until the lease ends, and the handle it never got is neither kept
+    nor announced lost when its lease would have ended."""
     key = f"no-handle-{waiter}-{shared}-{handed}"
+    ttl = 1.0
     holder = manager.acquire(key, ttl=30) if handed else None
+    lost: list[Lock] = []
 
-    def register(self: Refresher, lock: Any) -> None:
+    def start(self: Lane) -> None:
         raise _NoThread("can't start new thread")
 
-    monkeypatch.setattr(Refresher, "register", register)
+    monkeypatch.setattr(Lane, "_start", start)
 
     def take() -> Lock:
         if waiter == "thread":
-            return other.acquire(key, ttl=30, shared=shared, timeout=BOUND)
-        return asyncio.run(other.aacquire(key, ttl=30, shared=shared, timeout=BOUND))
+            return other.acquire(key, ttl=ttl, shared=shared, timeout=BOUND, on_lost=lost.append)
+        return asyncio.run(
+            other.aacquire(key, ttl=ttl, shared=shared, timeout=BOUND, on_lost=lost.append)
+        )
 
     with ThreadPoolExecutor(1) as pool:
         taking = pool.submit(take)
@@ -452,5 +458,8 @@ def test_a_lease_whose_handle_cannot_be_made_is_given_back(
         with pytest.raises(_NoThread):
             taking.result(timeout=BOUND)
     assert _free(manager, key)
+    assert key not in {lock.key for lock in get_refresher().held()}
+    time.sleep(ttl + 0.5)  # past the lease's end by this process's clock
+    assert lost == []
     monkeypatch.undo()
     manager.acquire(key, blocking=False).release()
