@@ -3,12 +3,16 @@
 See ``refresher.py`` for the whole: one lane per source (a ``LockManager``), so a slow
 or unreachable server delays only its own lane. A lane knows the leases it keeps through
 the ``Lease`` protocol only (a ``Lock`` is one), and its elections through ``Campaign``.
+A tick with exclusive and shared leases sends the shared ones' write from a thread that
+lasts for that write (``_Aside``), beside the exclusive one.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
+import functools
 import logging
 import math
 import threading
@@ -37,6 +41,11 @@ RETRY_INTERVAL = 1.0
 IDLE_END = 5.0
 # The shortest time a refresh write is given, even when its leases are about to end.
 MIN_WRITE_TIME = 0.05
+# How long past its budget a tick waits for the shared leases' write from its own
+# thread (``_Aside``); that write's timeout ends it before.
+ASIDE_SLACK = 1.0
+# The name of that thread.
+ASIDE_THREAD = "mongolock-refresher-shared"
 # A tick starts no campaign once this share of its interval has passed since it began:
 # the elections left go first on the next tick, and the next refresh is not late.
 CAMPAIGN_SHARE = 0.5
@@ -392,7 +401,7 @@ class Lane:
         refused: list[Lease] = []
         try:
             with pymongo.timeout(budget):
-                gone, refused = _write(store, locks, batch)
+                gone, refused = _write(store, locks, batch, budget)
             answered = True
             self._partly = bool(refused)
             reasons.accepted(locks, refused)
@@ -483,6 +492,10 @@ def interval(ttl: float) -> float:
     return max(MIN_INTERVAL, ttl / 3)
 
 
+# A lease as a refresh write names it: key, owner, token.
+Held = tuple[str, str, int]
+
+
 class _Batch(NamedTuple):
     """What a tick sends for a lane's leases: their (key, owner, token), exclusive and
     shared apart, and the processes whose heartbeat it records.
@@ -515,42 +528,113 @@ class _Batch(NamedTuple):
         )
 
 
-def _write(store: LockStore, locks: Sequence[Lease], batch: _Batch) -> tuple[set[str], list[Lease]]:
-    """Refresh ``locks`` (listed in ``batch``): the owners whose lease could not be
-    extended, and the leases whose write the server refused.
+def _write(
+    store: LockStore, locks: Sequence[Lease], batch: _Batch, budget: float
+) -> tuple[set[str], list[Lease]]:
+    """Refresh ``locks`` (listed in ``batch``) within ``budget`` seconds: the owners whose
+    lease could not be extended, and the leases whose write the server refused.
 
-    One ``update_many`` for the exclusive leases and one for the shared ones. When the
-    server refuses to update a document (a validator that rejects it: a write error, not a
-    failure of the whole command), that update stops there, with the documents before it
-    extended and the rest not; that kind's leases are then written again one by one, in a
-    single unordered bulk write, so that the refused document costs its own lease, not all
-    of the manager's (the other kind's write stands). Raises when every lease was refused,
-    and at once for any other error (a permission revoked, an unreachable server): writing
-    again would not help.
+    One ``update_many`` for the exclusive leases and one for the shared ones
+    (``_kind``). With both kinds held, the shared leases' write goes from a thread of
+    its own while the lane's thread sends the exclusive one, so that the tick takes
+    about as long as the longer write instead of both. That thread lives for the tick;
+    when it cannot start, the writes go one after the other. Raises when every lease
+    was refused, and for any other error (a permission revoked, an unreachable server)
+    once both writes are over: writing again would not help.
     """
     exclusive, shared = batch.exclusive, batch.shared
+    aside = _Aside.started(store, shared, batch.kept) if exclusive and shared else None
+    outcomes: list[_Outcome] = []
+    failed: Exception | None = None
+    for held, is_shared in ((exclusive, False), (shared, True)):
+        if not held or (is_shared and aside is not None):
+            continue
+        try:
+            outcomes.append(_kind(store, held, is_shared, batch.kept))
+        except Exception as exc:  # raised once the other write, in flight, is over
+            failed = exc
+            break
+    if aside is not None:
+        outcome = aside.outcome(budget + ASIDE_SLACK)
+        if isinstance(outcome, Exception):
+            failed = failed or outcome
+        else:
+            outcomes.append(outcome)
+    if failed is not None:
+        raise failed
     gone: set[str] = set()
     refused: set[str] = set()
     first: MongoLockError | None = None
-    for held, is_shared in ((exclusive, False), (shared, True)):
-        try:
-            refresh = store.refresh_shared_many if is_shared else store.refresh_many
-            gone |= refresh(held, kept=batch.kept)
-            continue
-        except MongoLockError as exc:
-            if not _refusal(exc):
-                raise
-            first = first or exc
-        if len(held) == 1:  # its only document is the one refused: no need to ask again
-            refused.add(held[0][1])
-            continue
-        # Only this kind's write stopped: the other one's stands, and is not sent again.
-        lost, not_taken = store.refresh_each(held, shared=is_shared)
+    for lost, not_taken, refusal in outcomes:
         gone |= lost
         refused |= not_taken
+        first = first or refusal
     if first is not None and len(refused) >= len(locks):
         raise first
     return gone, ([lk for lk in locks if lk.owner in refused] if refused else [])
+
+
+# One kind's write: the owners whose lease could not be extended, those whose document
+# the server refused, and the refusal (None when the write went through).
+_Outcome = tuple[set[str], set[str], MongoLockError | None]
+
+
+def _kind(store: LockStore, held: Sequence[Held], is_shared: bool, kept: Kept) -> _Outcome:
+    """Extend the leases of one kind in one write.
+
+    When the server refuses to update a document (a validator that rejects it: a write
+    error, not a failure of the whole command), that update stops there, with the
+    documents before it extended and the rest not; the leases are then written again
+    one by one, in a single unordered bulk write, so that the refused document costs its
+    own lease, not all of the manager's (the other kind's write stands).
+    """
+    refresh = store.refresh_shared_many if is_shared else store.refresh_many
+    try:
+        return refresh(held, kept=kept), set(), None
+    except MongoLockError as exc:
+        if not _refusal(exc):
+            raise
+        refusal = exc
+    if len(held) == 1:  # its only document is the one refused: no need to ask again
+        return set(), {held[0][1]}, refusal
+    lost, not_taken = store.refresh_each(held, shared=is_shared)
+    return lost, not_taken, refusal
+
+
+class _Aside(threading.Thread):
+    """The shared leases' ``_kind`` write, from a thread of its own during a tick, in
+    the lane's context (so within its ``pymongo.timeout``)."""
+
+    def __init__(self, store: LockStore, held: Sequence[Held], kept: Kept) -> None:
+        super().__init__(name=ASIDE_THREAD, daemon=True)
+        self._context = contextvars.copy_context()
+        self._write = functools.partial(_kind, store, held, True, kept)
+        self._outcome: _Outcome | Exception | None = None
+
+    @classmethod
+    def started(cls, store: LockStore, held: Sequence[Held], kept: Kept) -> _Aside | None:
+        aside = cls(store, held, kept)
+        try:
+            aside.start()
+        except RuntimeError:  # no thread to be had: the lane's thread writes both
+            return None
+        return aside
+
+    def run(self) -> None:
+        try:
+            self._outcome = self._context.run(self._write)
+        except Exception as exc:  # handed to the lane's thread, which raises it
+            self._outcome = exc
+
+    def outcome(self, timeout: float) -> _Outcome | Exception:
+        """The write's outcome or error, waited for at most ``timeout`` seconds (its
+        timeout ends it before that)."""
+        self.join(timeout)
+        if self.is_alive() or self._outcome is None:
+            return pymongo.errors.NetworkTimeout(
+                f"the refresh of shared leases did not end within {timeout:g}s"
+            )
+        return self._outcome
 
 
 def _refusal(exc: MongoLockError) -> bool:

@@ -14,13 +14,17 @@ from typing import Any
 
 import pytest
 
-from django_mongolock import Lock, LockManager, MongoLockError, clock
+from django_mongolock import Lock, LockManager, MongoLockError, clock, lanes
 from django_mongolock import refresher as refreshing
 from django_mongolock.info import Holder, LockInfo, process_of
+from django_mongolock.lanes import ASIDE_THREAD
 from django_mongolock.queries import ENDED_KEEP
 from django_mongolock.refresher import Refresher, get_refresher
 from tests.holder import PERMITS, SHARED
 from tests.utils import ROOT
+
+# How long a test waits for anything at most (never reached when green).
+BOUND = 30.0
 
 
 def _holder(url: str, database: str, key: str, ttl: float, mode: str) -> subprocess.Popen[str]:
@@ -137,7 +141,9 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
         real = getattr(store, name)
 
         def call(held: Any, *args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() == me:  # not the lane's own thread, should it tick
+            # The test's ticks, not the lane's own, should it tick: its thread, and the
+            # one that sends the shared leases' write beside the exclusive one.
+            if threading.get_ident() == me or threading.current_thread().name == ASIDE_THREAD:
                 if name == "heartbeat":
                     beats.append(held)
                 else:
@@ -194,6 +200,81 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
     reader.release()
     assert tick() == (tuple(leases(first)), ())
     assert first.release()
+
+
+def _tick_writes(
+    manager: LockManager, monkeypatch: pytest.MonkeyPatch, *, meet: bool
+) -> dict[str, str]:
+    """Spy on the manager's refresh writes: the thread each kind went from, by name.
+    With ``meet``, the exclusive write is sent only once the shared one is under way
+    (bounded): they are in flight together, or the tick fails."""
+    store = manager.store
+    threads: dict[str, str] = {}
+    shared_started = threading.Event()
+    for name in ("refresh_many", "refresh_shared_many"):
+        real = getattr(store, name)
+
+        def call(held: Any, *args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            threads[_name] = threading.current_thread().name
+            if _name == "refresh_shared_many":
+                shared_started.set()
+            elif meet and not shared_started.wait(BOUND):
+                raise AssertionError("the shared leases' write was not under way")
+            return _real(held, *args, **kwargs)
+
+        monkeypatch.setattr(store, name, call)
+    return threads
+
+
+def test_a_tick_sends_the_shared_leases_write_beside_the_exclusive_one(
+    manager: LockManager, refresher: Refresher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With both kinds held, the shared leases' write goes from a thread of its own
+    while the tick's thread sends the exclusive one: both are in flight together, both
+    extend their leases, and the thread ends with the tick."""
+    locks = [manager.acquire("both-x", ttl=300), manager.acquire("both-s", ttl=300, shared=True)]
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    before = [lock.expires_at for lock in locks]
+    threads = _tick_writes(manager, monkeypatch, meet=True)
+    lane.tick()
+    assert threads == {
+        "refresh_many": threading.current_thread().name,
+        "refresh_shared_many": ASIDE_THREAD,
+    }
+    assert all(lock.expires_at > was for lock, was in zip(locks, before, strict=True))
+    assert ASIDE_THREAD not in {thread.name for thread in threading.enumerate()}
+    for lock in locks:
+        assert lock.release()
+
+
+@pytest.mark.parametrize("held", ["shared only", "no thread to be had"])
+def test_a_tick_sends_its_writes_from_its_own_thread_otherwise(
+    manager: LockManager,
+    refresher: Refresher,
+    monkeypatch: pytest.MonkeyPatch,
+    held: str,
+) -> None:
+    """Shared leases alone go from the tick's thread; so do both kinds when no thread
+    can start (one write after the other), and every lease is still extended."""
+    locks = [manager.acquire("own-s", ttl=300, shared=True)]
+    if held == "no thread to be had":
+        locks.append(manager.acquire("own-x", ttl=300))
+
+        def start(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(lanes._Aside, "start", start)
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    before = [lock.expires_at for lock in locks]
+    threads = _tick_writes(manager, monkeypatch, meet=False)
+    lane.tick()
+    assert set(threads.values()) == {threading.current_thread().name}
+    assert len(threads) == len(locks)
+    assert all(lock.expires_at > was for lock, was in zip(locks, before, strict=True))
+    for lock in locks:
+        assert lock.release()
 
 
 def test_one_thread_per_manager_serves_a_thousand_locks(
