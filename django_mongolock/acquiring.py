@@ -414,18 +414,20 @@ def _handle(
     ttl: float | None = None,
 ) -> Lock:
     lock = Lock(source, mine, sent_at, on_lost=on_lost, refresh=keep)
+    refresher = get_refresher() if keep else None
     try:
-        if keep:
+        if refresher is not None:
             # The refresher's first tick comes within a third of the lease it registers:
             # registered with a handed lock's short first lease, then told the full one.
-            get_refresher().register(lock)
+            refresher.register(lock)
         if ttl is not None:
             lock.lengthen(ttl)
     except BaseException:
         # A lane may hold it already (its thread then failed to start): the caller never
         # gets it, so it is neither kept nor lost; the caller gives its lease back.
         lock.take_release()
-        get_refresher().unregister(lock)
+        if refresher is not None:
+            refresher.unregister(lock)
         raise
     return lock
 

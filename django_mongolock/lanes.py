@@ -42,10 +42,10 @@ IDLE_END = 5.0
 # The shortest time a refresh write is given, even when its leases are about to end.
 MIN_WRITE_TIME = 0.05
 # How long past its budget a tick waits for the shared leases' write from its own
-# thread (``_Aside``); that write's timeout ends it before.
+# thread (``_Aside``, named after the lane's with this suffix); that write's timeout
+# ends it before.
 ASIDE_SLACK = 1.0
-# The name of that thread.
-ASIDE_THREAD = "mongolock-refresher-shared"
+ASIDE_SUFFIX = "-shared"
 # A tick starts no campaign once this share of its interval has passed since it began:
 # the elections left go first on the next tick, and the next refresh is not late.
 CAMPAIGN_SHARE = 0.5
@@ -239,10 +239,13 @@ class Lane:
             self._due = due
             self._cond.notify()
 
+    @property
+    def name(self) -> str:
+        """Its thread's name."""
+        return f"mongolock-refresher-{id(self.manager):x}"
+
     def _start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"mongolock-refresher-{id(self.manager):x}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -401,7 +404,7 @@ class Lane:
         refused: list[Lease] = []
         try:
             with pymongo.timeout(budget):
-                gone, refused = _write(store, locks, batch, budget)
+                gone, refused = _write(store, locks, batch, budget, self.name + ASIDE_SUFFIX)
             answered = True
             self._partly = bool(refused)
             reasons.accepted(locks, refused)
@@ -529,23 +532,28 @@ class _Batch(NamedTuple):
 
 
 def _write(
-    store: LockStore, locks: Sequence[Lease], batch: _Batch, budget: float
+    store: LockStore, locks: Sequence[Lease], batch: _Batch, budget: float, aside_name: str
 ) -> tuple[set[str], list[Lease]]:
     """Refresh ``locks`` (listed in ``batch``) within ``budget`` seconds: the owners whose
     lease could not be extended, and the leases whose write the server refused.
 
     One ``update_many`` for the exclusive leases and one for the shared ones
     (``_kind``). With both kinds held, the shared leases' write goes from a thread of
-    its own while the lane's thread sends the exclusive one, so that the tick takes
-    about as long as the longer write instead of both. That thread lives for the tick;
-    when it cannot start, the writes go one after the other. Raises when every lease
-    was refused, and for any other error (a permission revoked, an unreachable server)
-    once both writes are over: writing again would not help.
+    its own (``aside_name``) while the lane's thread sends the exclusive one, so that
+    the tick takes about as long as the longer write instead of both. That thread
+    lives for that write; when it cannot start, the writes go one after the other.
+    Raises when every lease was refused, and for any other error (a permission
+    revoked, an unreachable server) once the other write is over or its wait ran out:
+    writing again would not help. A write that went through beside a failed one counts
+    for nothing: its leases end by this process's clock, and a later tick gives back
+    those that the server extended meanwhile.
     """
     exclusive, shared = batch.exclusive, batch.shared
-    aside = _Aside.started(store, shared, batch.kept) if exclusive and shared else None
+    aside = None
+    if exclusive and shared:
+        aside = _Aside.started(store, shared, batch.kept, aside_name)
     outcomes: list[_Outcome] = []
-    failed: Exception | None = None
+    failed: BaseException | None = None
     for held, is_shared in ((exclusive, False), (shared, True)):
         if not held or (is_shared and aside is not None):
             continue
@@ -556,7 +564,9 @@ def _write(
             break
     if aside is not None:
         outcome = aside.outcome(budget + ASIDE_SLACK)
-        if isinstance(outcome, Exception):
+        if isinstance(outcome, BaseException):
+            if failed is not None:
+                logger.debug("the shared leases' refresh failed too: %s", outcome)
             failed = failed or outcome
         else:
             outcomes.append(outcome)
@@ -605,15 +615,17 @@ class _Aside(threading.Thread):
     """The shared leases' ``_kind`` write, from a thread of its own during a tick, in
     the lane's context (so within its ``pymongo.timeout``)."""
 
-    def __init__(self, store: LockStore, held: Sequence[Held], kept: Kept) -> None:
-        super().__init__(name=ASIDE_THREAD, daemon=True)
+    def __init__(self, store: LockStore, held: Sequence[Held], kept: Kept, name: str) -> None:
+        super().__init__(name=name, daemon=True)
         self._context = contextvars.copy_context()
         self._write = functools.partial(_kind, store, held, True, kept)
-        self._outcome: _Outcome | Exception | None = None
+        self._outcome: _Outcome | BaseException | None = None
 
     @classmethod
-    def started(cls, store: LockStore, held: Sequence[Held], kept: Kept) -> _Aside | None:
-        aside = cls(store, held, kept)
+    def started(
+        cls, store: LockStore, held: Sequence[Held], kept: Kept, name: str
+    ) -> _Aside | None:
+        aside = cls(store, held, kept, name)
         try:
             aside.start()
         except RuntimeError:  # no thread to be had: the lane's thread writes both
@@ -623,17 +635,19 @@ class _Aside(threading.Thread):
     def run(self) -> None:
         try:
             self._outcome = self._context.run(self._write)
-        except Exception as exc:  # handed to the lane's thread, which raises it
+        except BaseException as exc:  # handed to the lane's thread, which raises it
             self._outcome = exc
 
-    def outcome(self, timeout: float) -> _Outcome | Exception:
+    def outcome(self, timeout: float) -> _Outcome | BaseException:
         """The write's outcome or error, waited for at most ``timeout`` seconds (its
         timeout ends it before that)."""
         self.join(timeout)
-        if self.is_alive() or self._outcome is None:
+        if self.is_alive():
             return pymongo.errors.NetworkTimeout(
                 f"the refresh of shared leases did not end within {timeout:g}s"
             )
+        if self._outcome is None:  # cannot happen: run() records either
+            return RuntimeError("the refresh of shared leases ended without an outcome")
         return self._outcome
 
 

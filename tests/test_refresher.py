@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 from django_mongolock import Lock, LockManager, MongoLockError, clock, lanes
 from django_mongolock import refresher as refreshing
 from django_mongolock.info import Holder, LockInfo, process_of
-from django_mongolock.lanes import ASIDE_THREAD
+from django_mongolock.lanes import ASIDE_SUFFIX
 from django_mongolock.queries import ENDED_KEEP
 from django_mongolock.refresher import Refresher, get_refresher
 from tests.holder import PERMITS, SHARED
@@ -143,7 +144,7 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
         def call(held: Any, *args: Any, **kwargs: Any) -> Any:
             # The test's ticks, not the lane's own, should it tick: its thread, and the
             # one that sends the shared leases' write beside the exclusive one.
-            if threading.get_ident() == me or threading.current_thread().name == ASIDE_THREAD:
+            if threading.get_ident() == me or threading.current_thread().name == aside:
                 if name == "heartbeat":
                     beats.append(held)
                 else:
@@ -152,6 +153,7 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
 
         return call
 
+    aside = f"mongolock-refresher-{id(manager):x}{ASIDE_SUFFIX}"
     for name in ("refresh_many", "refresh_shared_many", "heartbeat"):
         monkeypatch.setattr(store, name, spy(name))
     # Long leases: the lane's own ticks come 100 s apart, long after the test.
@@ -203,24 +205,31 @@ def test_each_tick_sends_the_leases_held_then_and_lists_them_again_only_when_the
 
 
 def _tick_writes(
-    manager: LockManager, monkeypatch: pytest.MonkeyPatch, *, meet: bool
-) -> dict[str, str]:
-    """Spy on the manager's refresh writes: the thread each kind went from, by name.
-    With ``meet``, the exclusive write is sent only once the shared one is under way
-    (bounded): they are in flight together, or the tick fails."""
+    manager: LockManager, monkeypatch: pytest.MonkeyPatch, *, meet: bool, fail: bool = False
+) -> dict[str, threading.Thread]:
+    """Spy on the manager's refresh writes: the thread each kind went from. With
+    ``meet``, the exclusive write is sent only once the shared one is under way
+    (bounded): they are in flight together, or the tick fails. With ``fail``, the shared
+    one fails as against an unreachable server, once the exclusive one went through."""
     store = manager.store
-    threads: dict[str, str] = {}
-    shared_started = threading.Event()
+    threads: dict[str, threading.Thread] = {}
+    shared_started, exclusive_done = threading.Event(), threading.Event()
     for name in ("refresh_many", "refresh_shared_many"):
         real = getattr(store, name)
 
         def call(held: Any, *args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            threads[_name] = threading.current_thread().name
+            threads[_name] = threading.current_thread()
             if _name == "refresh_shared_many":
                 shared_started.set()
+                if fail:
+                    assert exclusive_done.wait(BOUND)
+                    raise MongoLockError("MongoDB could not be reached")
             elif meet and not shared_started.wait(BOUND):
                 raise AssertionError("the shared leases' write was not under way")
-            return _real(held, *args, **kwargs)
+            try:
+                return _real(held, *args, **kwargs)
+            finally:
+                exclusive_done.set()
 
         monkeypatch.setattr(store, name, call)
     return threads
@@ -238,12 +247,35 @@ def test_a_tick_sends_the_shared_leases_write_beside_the_exclusive_one(
     before = [lock.expires_at for lock in locks]
     threads = _tick_writes(manager, monkeypatch, meet=True)
     lane.tick()
-    assert threads == {
-        "refresh_many": threading.current_thread().name,
-        "refresh_shared_many": ASIDE_THREAD,
-    }
+    assert threads["refresh_many"] is threading.current_thread()
+    aside = threads["refresh_shared_many"]
+    assert aside.name == lane.name + ASIDE_SUFFIX
+    assert not aside.is_alive()
     assert all(lock.expires_at > was for lock, was in zip(locks, before, strict=True))
-    assert ASIDE_THREAD not in {thread.name for thread in threading.enumerate()}
+    for lock in locks:
+        assert lock.release()
+
+
+def test_a_tick_whose_shared_write_fails_beside_the_exclusive_one_fails(
+    manager: LockManager,
+    refresher: Refresher,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The shared leases' write, from its own thread, fails once the exclusive one went
+    through: the tick fails as a whole, as when one write follows the other, and
+    extends neither kind's lease by this process's clock (the leases end by it)."""
+    locks = [manager.acquire("fail-x", ttl=300), manager.acquire("fail-s", ttl=300, shared=True)]
+    lane = refresher.lane_of(manager)
+    assert lane is not None
+    before = [lock.expires_at for lock in locks]
+    threads = _tick_writes(manager, monkeypatch, meet=False, fail=True)
+    with caplog.at_level(logging.WARNING, "django_mongolock.refresher"):
+        lane.tick()
+    assert threads["refresh_shared_many"] is not threading.current_thread()
+    assert [lock.expires_at for lock in locks] == before
+    assert any("cannot refresh 2 lock(s)" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
     for lock in locks:
         assert lock.release()
 
@@ -270,7 +302,7 @@ def test_a_tick_sends_its_writes_from_its_own_thread_otherwise(
     before = [lock.expires_at for lock in locks]
     threads = _tick_writes(manager, monkeypatch, meet=False)
     lane.tick()
-    assert set(threads.values()) == {threading.current_thread().name}
+    assert set(threads.values()) == {threading.current_thread()}
     assert len(threads) == len(locks)
     assert all(lock.expires_at > was for lock, was in zip(locks, before, strict=True))
     for lock in locks:
@@ -286,8 +318,12 @@ def test_one_thread_per_manager_serves_a_thousand_locks(
     assert lane.running
 
     # The notice workers (a bounded pool that any lane's tick may start) aside.
+    # So are the threads other lanes start for a tick's shared leases.
     def threads() -> int:
-        return sum(t.name != "mongolock-notices" for t in threading.enumerate())
+        return sum(
+            t.name != "mongolock-notices" and not t.name.endswith(ASIDE_SUFFIX)
+            for t in threading.enumerate()
+        )
 
     threads_before = threads()
     locks = [first] + [manager.acquire(f"many-{i}", ttl=4.0) for i in range(1, 1000)]
