@@ -545,8 +545,9 @@ def _write(
     Raises when every lease was refused, and for any other error (a permission
     revoked, an unreachable server) once the other write is over or its wait ran out:
     writing again would not help. A write that went through beside a failed one counts
-    for nothing: its leases end by this process's clock, and a later tick gives back
-    those that the server extended meanwhile.
+    for nothing, as when it came before the failed one: its leases end by this
+    process's clock, before the server's extended lease, unless a later tick extends
+    them again in time.
     """
     exclusive, shared = batch.exclusive, batch.shared
     aside = None

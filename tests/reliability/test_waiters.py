@@ -117,8 +117,8 @@ def test_a_waiter_named_head_twice_in_a_row_is_woken_both_times(
     and once thawed it joins again behind a later waiter. The next handoff goes to that
     waiter, dead by then, and names the thawed one head again. It must hear of that
     second handoff too, and take the lock when the dead waiter's first lease ends.
-    Unwoken, it would sleep until its line check, released just after its last one:
-    nearly the whole line check instead."""
+    Unwoken, it would sleep until its next line check: the release comes just after
+    one, so that is nearly 5 s later."""
     ttl = 30.0
     config = agent_config(replica_set, database)
     holder, first, frozen, doomed = (
