@@ -612,13 +612,17 @@ def _kind(store: LockStore, held: Sequence[Held], is_shared: bool, kept: Kept) -
     return lost, not_taken, refusal
 
 
-class _Aside(threading.Thread):
+class _Aside:
     """The shared leases' ``_kind`` write, from a thread of its own during a tick, in
-    the lane's context (so within its ``pymongo.timeout``)."""
+    the lane's context (so within its ``pymongo.timeout``).
+
+    It holds its thread rather than being one: ``threading.Thread`` keeps attributes of
+    its own (from Python 3.14, the context it runs in), which a subclass must not shadow.
+    """
 
     def __init__(self, store: LockStore, held: Sequence[Held], kept: Kept, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._context = contextvars.copy_context()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._lane_context = contextvars.copy_context()
         self._write = functools.partial(_kind, store, held, True, kept)
         self._outcome: _Outcome | BaseException | None = None
 
@@ -633,21 +637,24 @@ class _Aside(threading.Thread):
             return None
         return aside
 
-    def run(self) -> None:
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
         try:
-            self._outcome = self._context.run(self._write)
+            self._outcome = self._lane_context.run(self._write)
         except BaseException as exc:  # handed to the lane's thread, which raises it
             self._outcome = exc
 
     def outcome(self, timeout: float) -> _Outcome | BaseException:
         """The write's outcome or error, waited for at most ``timeout`` seconds (its
         timeout ends it before that)."""
-        self.join(timeout)
-        if self.is_alive():
+        self.thread.join(timeout)
+        if self.thread.is_alive():
             return pymongo.errors.NetworkTimeout(
                 f"the refresh of shared leases did not end within {timeout:g}s"
             )
-        if self._outcome is None:  # cannot happen: run() records either
+        if self._outcome is None:  # cannot happen: _run() records either
             return RuntimeError("the refresh of shared leases ended without an outcome")
         return self._outcome
 

@@ -293,7 +293,7 @@ def test_a_tick_sends_its_writes_from_its_own_thread_otherwise(
     if held == "no thread to be had":
         locks.append(manager.acquire("own-x", ttl=300))
 
-        def start(self: threading.Thread) -> None:
+        def start(self: lanes._Aside) -> None:
             raise RuntimeError("can't start new thread")
 
         monkeypatch.setattr(lanes._Aside, "start", start)
