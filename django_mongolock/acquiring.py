@@ -303,13 +303,12 @@ async def aacquire(
         # cancelled write may have taken or extended. (A coroutine closed by its garbage
         # collection may not await any more.)
         if not isinstance(exc, MongoLockError | GeneratorExit):
-            left = request if plan is None else plan.request
-            await _leave_line(store, left, shared=left.shared)
+            await _leave_line(store, request if plan is None else plan.request, stopped=True)
         raise
     try:
         lock = _handle(source, mine, sent_at, keep, on_lost, _full(mine, request))
     except BaseException:
-        await _leave_line(store, request, shared=request.shared)  # as ``acquire`` does
+        await _leave_line(store, request, stopped=True)  # as ``acquire`` does
         raise
     lock = await aannounce(lock)
     _told(source, handoff, lock)
@@ -436,12 +435,14 @@ def _abandon(store: LockStore, request: Request) -> None:
     """Leave the line of a wait that was interrupted, and give back what it took.
 
     The interruption may have cut an attempt or the refresh that makes a lease ready
-    short after the server applied it, or a release may have handed the lock over: a
-    lease of this request's is released rather than left to lapse (``LockStore.leave``).
-    Best effort: the place lapses by itself soon, the lease at its end.
+    short after the server applied it, or before it did (the attempt's bytes still on
+    their way), or a release may have handed the lock over: a lease of this request's
+    is released rather than left to lapse, and an attempt applied later is refused
+    (``LockStore.abandon``). Best effort: the place lapses by itself soon, the lease at
+    its end.
     """
     with contextlib.suppress(MongoLockError):
-        store.leave(request.key, request.owner, shared=request.shared)
+        store.abandon(request.key, request.owner, shared=request.shared)
 
 
 def announce(lock: Lock) -> Lock:
@@ -522,14 +523,16 @@ def _give_back(store: AsyncLockStore, request: Request, attempt: asyncio.Future[
     _in_background(store.release(mine.key, mine.owner, mine.token, shared=request.shared))
 
 
-async def _leave_line(store: AsyncLockStore, request: Request, *, shared: bool = False) -> None:
-    """Give up a waiter's place in line (and a lock a release handed over meanwhile,
-    or with ``shared``, a shared lease it took), even if the caller is cancelled
-    meanwhile.
+async def _leave_line(store: AsyncLockStore, request: Request, *, stopped: bool = False) -> None:
+    """Give up a waiter's place in line (and a lock a release handed over meanwhile),
+    even if the caller is cancelled meanwhile; ``stopped``, for a caller stopped before
+    its acquire could end: as ``_abandon`` (``AsyncLockStore.abandon``).
 
     The write runs as a task of its own: a cancellation stops the wait for it, not it.
     """
-    leave = _in_background(store.leave(request.key, request.owner, shared=shared))
+    key, owner = request.key, request.owner
+    work = store.abandon(key, owner, shared=request.shared) if stopped else store.leave(key, owner)
+    leave = _in_background(work)
     with contextlib.suppress(MongoLockError):  # the place lapses by itself soon
         await asyncio.shield(leave)
 

@@ -107,18 +107,16 @@ class AsyncLockStore:
                 return_document=ReturnDocument.AFTER if op.return_after else ReturnDocument.BEFORE,
             )
 
-    async def leave_queue(self, key: str, owner: str) -> None:
-        with self._translate, pymongo.timeout(self.timeout):
-            await self.collection.update_one(*queries.leave_queue(key, owner))
-
-    async def leave(self, key: str, owner: str, *, shared: bool = False) -> None:
+    async def leave(self, key: str, owner: str) -> None:
         with self._translate:
+            await self._send(queries.leave(key, owner).command(self.collection.name))
+
+    async def abandon(self, key: str, owner: str, *, shared: bool = False) -> None:
+        with self._translate:
+            await self._send(queries.leave(key, owner, final=True).command(self.collection.name))
             if shared:
                 undo = queries.give_up(key, owner, shared=True)
                 await self._send(undo.command(self.collection.name))
-                await self.leave_queue(key, owner)
-            else:
-                await self._send(queries.leave(key, owner).command(self.collection.name))
 
     async def refresh(
         self, key: str, owner: str, token: int, ttl: float, *, shared: bool = False

@@ -762,7 +762,7 @@ def test_every_holder_call_of_a_given_client_is_bounded(
         calls: dict[str, Callable[[], object]] = {
             "refresh": lock.refresh,
             "shared release": lock.release,
-            "leave the line": lambda: manager.store.leave_queue("held", "a-waiter"),
+            "leave the line": lambda: manager.store.leave("held", "a-waiter"),
         }
         hang(app, ms=6000, times=1)
         started = clock.now()

@@ -280,6 +280,94 @@ def test_a_caller_stopped_while_its_late_lease_is_extended_gives_it_back(
     manager.acquire(key, blocking=False).release()
 
 
+def _document(manager: LockManager, key: str) -> dict[str, Any] | None:
+    doc: dict[str, Any] | None = manager.client[manager.database][manager.collection].find_one(
+        {"_id": key}
+    )
+    return doc
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["writer", "reader"])
+@pytest.mark.parametrize("state", ["missing", "free", "held"])
+def test_an_attempt_that_reaches_the_server_after_its_caller_gave_up_changes_nothing(
+    manager: LockManager, other: LockManager, state: str, shared: bool
+) -> None:
+    """A caller stopped while its attempt is still on its way gives up first; the server
+    applies the attempt after that: it takes no lease and no place in line, on a key
+    whose document does not exist yet, is free, or is held."""
+    key = f"late-attempt-{state}-{shared}"
+    holder = manager.acquire(key, ttl=30) if state == "held" else None
+    if state == "free":
+        manager.acquire(key, ttl=30).release()
+    owner = other.new_owner()
+    other.store.abandon(key, owner, shared=shared)
+    before = _document(manager, key)
+    assert before is not None
+    assert before["ended"][0] == owner
+    if state == "missing":
+        # Made free and already ended, as a released document: no lock to list, the
+        # TTL index purges it.
+        assert set(before) == {"_id", "waiters", "ended", "expires_at"}
+        assert manager.status(key) is None
+        assert manager.list("all", prefix=key) == []
+    answer = other.store.acquire(key, owner, 30.0, queue=True, shared=shared)
+    assert answer.as_holder(owner) is None if shared else answer.owner != owner
+    assert _document(manager, key) == before
+    assert holder is None or holder.release()
+    manager.acquire(key, blocking=False).release()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["writer", "reader"])
+@pytest.mark.parametrize("state", ["missing", "free"])
+def test_an_interrupted_acquire_whose_attempt_arrives_late_leaves_the_key_free(
+    manager: LockManager,
+    other: LockManager,
+    monkeypatch: pytest.MonkeyPatch,
+    state: str,
+    shared: bool,
+) -> None:
+    """Ctrl-C while the attempt's bytes are still on their way: the acquire gives up at
+    once, and the attempt reaches the server after that. The key is not taken by
+    nobody until the lease would end."""
+    key = f"interrupted-late-{state}-{shared}"
+    if state == "free":
+        manager.acquire(key, ttl=30).release()
+    acquire = LockStore.acquire
+    gate = threading.Event()
+    answers: list[LockInfo] = []
+
+    def on_its_way(self: LockStore, **arguments: Any) -> LockInfo:
+        if self is not other.store:
+            return acquire(self, **arguments)
+
+        def arrive() -> None:
+            assert gate.wait(BOUND)
+            answers.append(acquire(self, **arguments))
+
+        late = threading.Thread(target=arrive)
+        late.start()
+        arrivals.append(late)
+        raise _Interrupted
+
+    arrivals: list[threading.Thread] = []
+    monkeypatch.setattr(LockStore, "acquire", on_its_way)
+    with pytest.raises(_Interrupted):
+        other.acquire(key, ttl=30, shared=shared, timeout=BOUND)
+    gate.set()
+    [late] = arrivals
+    late.join(BOUND)
+    assert not late.is_alive()
+    [answer] = answers
+    assert not (answer.live_holders if shared else answer.live)
+    doc = _document(manager, key)
+    assert doc is not None
+    assert not doc.get("owner")
+    assert not doc.get("holders")
+    assert all(place["until"] is None for place in doc["waiters"])  # no live place
+    monkeypatch.undo()
+    manager.acquire(key, blocking=False).release()
+
+
 # -- callbacks are checked when given ----------------------------------------------------------
 
 

@@ -39,7 +39,6 @@ __all__ = [
     "give_up",
     "handing_release",
     "leave",
-    "leave_queue",
     "live_shared_owners",
     "refresh",
     "refresh_many",
@@ -75,6 +74,7 @@ class Release:
 
     filter: dict[str, Any]
     pipeline: list[Mapping[str, Any]]
+    upsert: bool = False
 
     def command(self, collection: str) -> dict[str, Any]:
         """The ``update`` command document, with majority write concern.
@@ -83,16 +83,10 @@ class Release:
         sends it again and, if that changes nothing, looks whether the first one freed
         the document.
         """
-        return {
-            "update": collection,
-            "updates": [{"q": self.filter, "u": self.pipeline}],
-            "writeConcern": {"w": "majority"},
-        }
-
-
-def leave_queue(key: str, owner: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``update_one`` arguments that give up a waiter's place in line."""
-    return {"_id": key}, {"$pull": {"waiters": {"owner": owner}}}
+        update: dict[str, Any] = {"q": self.filter, "u": self.pipeline}
+        if self.upsert:
+            update["upsert"] = True
+        return {"update": collection, "updates": [update], "writeConcern": {"w": "majority"}}
 
 
 def refresh(key: str, owner: str, token: int, ttl: float) -> Update:
@@ -305,31 +299,36 @@ RELEASE_PIPELINE: Final = (RawBSONDocument(bson.encode(release_stage(True))),)
 FREE_PIPELINE: Final = (RawBSONDocument(bson.encode(free_stage())),)
 
 
-def leave(key: str, owner: str) -> Release:
+def leave(key: str, owner: str, *, final: bool = False) -> Release:
     """Stop waiting: leave the line, and give back the lock if a release handed it over.
 
     One write, so that a release handing the key to ``owner`` cannot come between
     looking and leaving (a timeout or a cancellation at that moment must not leave the
     key held by nobody): a live lease of ``owner`` is released (and handed on) as its
     holder would; otherwise its place in line is marked lapsed (``without``).
+
+    ``final``, for a caller stopped while an attempt of its may still be on its way to
+    the server: ``owner`` goes into ``ended`` whatever it holds, and a missing document
+    is made (free, ended now, so purged as a released one), so that an attempt applied
+    after this write changes nothing, as a late duplicate does, instead of taking the
+    key for a caller that is gone.
     """
     me = {"$literal": owner}
     mine = {"$eq": ["$owner", me]}
     stage = release_stage(mine)
-    out = {
-        "$mergeObjects": [
-            "$$ROOT",
-            {
-                "waiters": without(me),
-                # A handed lease that lapsed is over for good: a late duplicate of one
-                # of this waiter's attempts must not take the key again.
-                "ended": {"$cond": [mine, ended_with(me), ENDED]},
-            },
-        ]
+    changes: dict[str, Any] = {
+        "waiters": without(me),
+        # A handed lease that lapsed is over for good: a late duplicate of one of this
+        # waiter's attempts must not take the key again.
+        "ended": ended_with(me) if final else {"$cond": [mine, ended_with(me), ENDED]},
     }
+    if final:
+        changes["expires_at"] = {"$ifNull": ["$expires_at", "$$NOW"]}
+    out = {"$mergeObjects": ["$$ROOT", changes]}
     return Release(
         {"_id": key},
         [{"$replaceWith": {"$cond": [{"$and": [mine, LIVE]}, stage["$replaceWith"], out]}}],
+        upsert=final,
     )
 
 

@@ -94,26 +94,27 @@ class HolderQueries(StoreBase):
                     raise
             return mongo.checked(database.command(command, codec_options=mongo.CODEC)), True
 
-    def leave_queue(self, key: str, owner: str) -> None:
-        """Give up a waiter's place in line (it stopped waiting)."""
-        with self._translate, pymongo.timeout(self.timeout):
-            self.collection.update_one(*queries.leave_queue(key, owner))
-
-    def leave(self, key: str, owner: str, *, shared: bool = False) -> None:
+    def leave(self, key: str, owner: str) -> None:
         """Stop waiting: leave the line, or give back a lock a release handed over (one
-        write, see ``queries.leave``).
+        write, see ``queries.leave``)."""
+        with self._translate:
+            self._send(queries.leave(key, owner).command(self.collection.name))
 
-        With ``shared``, also give back a shared lease ``owner`` took, from an attempt
-        or a refresh cut short after the server applied it (a release never hands one
-        over): two writes, as the lease and the place are in different arrays.
+    def abandon(self, key: str, owner: str, *, shared: bool = False) -> None:
+        """Give up an acquisition whose caller was stopped (an interrupt, a cancelled
+        task, a handle that could not be made): leave the line, give back a lease it
+        got, and refuse an attempt of it that reaches the server later (``queries.leave``
+        with ``final``): stopped mid-attempt, the caller cannot know where that is.
+
+        With ``shared``, a second write then gives back a shared lease ``owner`` took
+        (the lease and the place are in different arrays): an attempt the server applied
+        before the first write is undone by it, one applied after is refused.
         """
         with self._translate:
+            self._send(queries.leave(key, owner, final=True).command(self.collection.name))
             if shared:
                 undo = queries.give_up(key, owner, shared=True)
                 self._send(undo.command(self.collection.name))
-                self.leave_queue(key, owner)
-            else:
-                self._send(queries.leave(key, owner).command(self.collection.name))
 
     def _update(self, op: queries.Update) -> Any:
         """One holder's write (a refresh by hand, a shared release), bounded like an
