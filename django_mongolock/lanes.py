@@ -550,19 +550,16 @@ def _write(
     them again in time.
     """
     exclusive, shared = batch.exclusive, batch.shared
-    aside = None
-    if exclusive and shared:
-        aside = _Aside.started(store, shared, batch.kept, aside_name)
+    aside = _Aside.started(store, shared, batch.kept, aside_name) if exclusive and shared else None
     outcomes: list[_Outcome] = []
     failed: BaseException | None = None
-    for held, is_shared in ((exclusive, False), (shared, True)):
-        if not held or (is_shared and aside is not None):
-            continue
-        try:
-            outcomes.append(_kind(store, held, is_shared, batch.kept))
-        except Exception as exc:  # raised once the other write, in flight, is over
-            failed = exc
-            break
+    try:
+        if exclusive:
+            outcomes.append(_kind(store, exclusive, False, batch.kept))
+        if shared and aside is None:
+            outcomes.append(_kind(store, shared, True, batch.kept))
+    except Exception as exc:  # raised once the other write, in flight, is over
+        failed = exc
     if aside is not None:
         outcome = aside.outcome(budget + ASIDE_SLACK)
         if isinstance(outcome, BaseException):

@@ -36,6 +36,14 @@ def _line(manager: LockManager, key: str) -> list[str]:
     return [] if doc is None else [place["owner"] for place in doc.get("waiters", [])]
 
 
+def _until_in_line(manager: LockManager, key: str) -> None:
+    """Wait (bounded) until somebody waits in ``key``'s line."""
+    deadline = time.monotonic() + BOUND
+    while not _line(manager, key):
+        assert time.monotonic() < deadline, "nobody joined the line"
+        time.sleep(0.01)
+
+
 def _async_clients() -> int:
     gc.collect()
     return sum(1 for obj in gc.get_objects() if type(obj) is AsyncMongoClient)
@@ -257,11 +265,9 @@ def test_a_caller_stopped_while_its_late_lease_is_extended_gives_it_back(
             other.acquire(key, ttl=ttl, shared=shared, timeout=BOUND)
 
     def release_when_in_line() -> None:
-        deadline = time.monotonic() + BOUND
-        while holder is not None and not _line(manager, key):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert holder is None or holder.release()
+        if holder is not None:
+            _until_in_line(manager, key)
+            assert holder.release()
 
     releaser = threading.Thread(target=release_when_in_line)
     releaser.start()
@@ -538,10 +544,7 @@ def test_a_lease_whose_handle_cannot_be_made_is_given_back(
     with ThreadPoolExecutor(1) as pool:
         taking = pool.submit(take)
         if holder is not None:
-            deadline = time.monotonic() + BOUND
-            while not _line(manager, key):
-                assert time.monotonic() < deadline, "the waiter never joined the line"
-                time.sleep(0.01)
+            _until_in_line(manager, key)
             assert holder.release()
         with pytest.raises(_NoThread):
             taking.result(timeout=BOUND)
