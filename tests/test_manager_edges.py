@@ -313,7 +313,7 @@ def test_an_attempt_that_reaches_the_server_after_its_caller_gave_up_changes_not
     if state == "missing":
         # Made free and already ended, as a released document: no lock to list, the
         # TTL index purges it.
-        assert set(before) == {"_id", "waiters", "ended", "expires_at"}
+        assert set(before) == {"_id", "key", "waiters", "ended", "expires_at"}
         assert manager.status(key) is None
         assert manager.list("all", prefix=key) == []
     answer = other.store.acquire(key, owner, 30.0, queue=True, shared=shared)
@@ -324,44 +324,107 @@ def test_an_attempt_that_reaches_the_server_after_its_caller_gave_up_changes_not
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["writer", "reader"])
+def test_giving_up_undoes_an_attempt_the_server_applied_before(
+    manager: LockManager, other: LockManager, shared: bool
+) -> None:
+    """The other order: the attempt took the key (or a shared lease) before the give-up
+    came. The give-up frees it, and names the acquisition in ``ended`` once."""
+    key = f"applied-before-{shared}"
+    owner = other.new_owner()
+    taken = other.store.acquire(key, owner, 30.0, queue=True, shared=shared)
+    mine = taken.as_holder(owner) if shared else taken
+    assert mine is not None
+    assert mine.owner == owner
+    other.store.abandon(key, owner, shared=shared)
+    doc = _document(manager, key)
+    assert doc is not None
+    assert not doc.get("owner")
+    assert not doc.get("holders")
+    assert doc["ended"].count(owner) == 1
+    manager.acquire(key, blocking=False).release()
+
+
+def test_giving_up_on_keys_without_a_document_keeps_to_the_indexes(
+    mongolock_url: str, manager: LockManager
+) -> None:
+    """The documents a give-up makes are as an acquire makes them: the unique index on
+    ``key`` (``migrate_mongolock``) takes any number of them."""
+    with LockManager(
+        mongolock_url, database=manager.database, collection="abandon_indexed"
+    ) as indexed:
+        indexed.ensure_indexes()
+        owners = {key: indexed.new_owner() for key in ("gone-a", "gone-b", "gone-c")}
+        for key, owner in owners.items():
+            indexed.store.abandon(key, owner)
+        for key, owner in owners.items():
+            late = indexed.store.acquire(key, owner, 30.0, queue=True)
+            assert late.owner != owner
+            indexed.acquire(key, blocking=False).release()
+        indexed.client[indexed.database].drop_collection("abandon_indexed")
+
+
+@pytest.mark.parametrize("waiter", ["thread", "coroutine"])
+@pytest.mark.parametrize("shared", [False, True], ids=["writer", "reader"])
 @pytest.mark.parametrize("state", ["missing", "free"])
-def test_an_interrupted_acquire_whose_attempt_arrives_late_leaves_the_key_free(
+def test_a_stopped_acquire_whose_attempt_arrives_late_leaves_the_key_free(
     manager: LockManager,
     other: LockManager,
     monkeypatch: pytest.MonkeyPatch,
+    waiter: str,
     state: str,
     shared: bool,
 ) -> None:
-    """Ctrl-C while the attempt's bytes are still on their way: the acquire gives up at
-    once, and the attempt reaches the server after that. The key is not taken by
-    nobody until the lease would end."""
-    key = f"interrupted-late-{state}-{shared}"
+    """Ctrl-C (or a cancellation) while the attempt's bytes are still on their way: the
+    acquire gives up at once, and the attempt reaches the server after that. The key is
+    not taken by nobody until the lease would end."""
+    key = f"stopped-late-{waiter}-{state}-{shared}"
     if state == "free":
         manager.acquire(key, ttl=30).release()
     acquire = LockStore.acquire
     gate = threading.Event()
     answers: list[LockInfo] = []
+    arrivals: list[threading.Thread] = []
+
+    def send_late(arguments: dict[str, Any]) -> None:
+        def arrive() -> None:
+            assert gate.wait(BOUND)
+            answers.append(acquire(other.store, **arguments))
+
+        arrivals.append(threading.Thread(target=arrive))
+        arrivals[-1].start()
 
     def on_its_way(self: LockStore, **arguments: Any) -> LockInfo:
         if self is not other.store:
             return acquire(self, **arguments)
-
-        def arrive() -> None:
-            assert gate.wait(BOUND)
-            answers.append(acquire(self, **arguments))
-
-        late = threading.Thread(target=arrive)
-        late.start()
-        arrivals.append(late)
+        send_late(arguments)
         raise _Interrupted
 
-    arrivals: list[threading.Thread] = []
+    async def aon_its_way(self: AsyncLockStore, **arguments: Any) -> LockInfo:
+        send_late(arguments)
+        raise asyncio.CancelledError
+
+    async def cancelled() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await other.aacquire(key, ttl=30, shared=shared, timeout=BOUND)
+        deadline = time.monotonic() + BOUND
+        while cleanups:  # the give-up runs as a task of its own
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
     monkeypatch.setattr(LockStore, "acquire", on_its_way)
-    with pytest.raises(_Interrupted):
-        other.acquire(key, ttl=30, shared=shared, timeout=BOUND)
-    gate.set()
+    monkeypatch.setattr(AsyncLockStore, "acquire", aon_its_way)
+    try:
+        if waiter == "thread":
+            with pytest.raises(_Interrupted):
+                other.acquire(key, ttl=30, shared=shared, timeout=BOUND)
+        else:
+            asyncio.run(cancelled())
+    finally:
+        gate.set()
+        for late in arrivals:
+            late.join(BOUND)
+    monkeypatch.undo()
     [late] = arrivals
-    late.join(BOUND)
     assert not late.is_alive()
     [answer] = answers
     assert not (answer.live_holders if shared else answer.live)
@@ -370,7 +433,6 @@ def test_an_interrupted_acquire_whose_attempt_arrives_late_leaves_the_key_free(
     assert not doc.get("owner")
     assert not doc.get("holders")
     assert all(place["until"] is None for place in doc["waiters"])  # no live place
-    monkeypatch.undo()
     manager.acquire(key, blocking=False).release()
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "FREED",
     "HEAD_MARK",
     "RELEASED_AT",
+    "ended_once",
     "ended_with",
     "ended_with_each",
     "free_stage",
@@ -128,6 +129,13 @@ FREED: Final = {"released_at": RELEASED_AT, "waiters": shortened(LIVE_WAITERS)}
 def ended_with(owner: Any) -> dict[str, Any]:
     """The ``ended`` list with ``owner`` in front, the latest ``ENDED_KEEP`` kept."""
     return ended_with_each([owner])
+
+
+def ended_once(owner: Any) -> dict[str, Any]:
+    """``ended_with(owner)`` where ``owner`` may be in the list already (a give-up sent
+    again): in front once, so that repeats take no other owner's entry."""
+    others = {"$filter": {"input": ENDED, "as": "e", "cond": {"$ne": ["$$e", owner]}}}
+    return {"$slice": [{"$concatArrays": [[owner], others]}, ENDED_KEEP]}
 
 
 def ended_with_each(owners: Any) -> dict[str, Any]:

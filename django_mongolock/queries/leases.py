@@ -24,6 +24,7 @@ from django_mongolock.queries.common import (
 )
 from django_mongolock.queries.handing import (
     FREED,
+    ended_once,
     ended_with,
     ended_with_each,
     free_stage,
@@ -287,7 +288,7 @@ def give_up(key: str, owner: str, *, shared: bool) -> Release:
     until it ends. Matches nothing when the acquisition did not happen.
     """
     if shared:
-        op = release_shared(key, owner, 0)
+        op = release_shared(key, owner, 0, again=True)
         return Release({"_id": key, "holders.owner": owner}, list(op.pipeline))
     return Release({"_id": key, "owner": owner}, list(RELEASE_PIPELINE))
 
@@ -320,9 +321,12 @@ def leave(key: str, owner: str, *, final: bool = False) -> Release:
         "waiters": without(me),
         # A handed lease that lapsed is over for good: a late duplicate of one of this
         # waiter's attempts must not take the key again.
-        "ended": ended_with(me) if final else {"$cond": [mine, ended_with(me), ENDED]},
+        "ended": ended_once(me) if final else {"$cond": [mine, ended_with(me), ENDED]},
     }
     if final:
+        # A document made here is as the acquire makes one: the unique index on ``key``
+        # takes one document without it at most.
+        changes["key"] = "$_id"
         changes["expires_at"] = {"$ifNull": ["$expires_at", "$$NOW"]}
     out = {"$mergeObjects": ["$$ROOT", changes]}
     return Release(
@@ -338,8 +342,11 @@ HOLDERS_END: Final = {
 }
 
 
-def release_shared(key: str, owner: str, token: int) -> Update:
-    """Give up a shared lease: drop this holder's entry (the document stays until purged)."""
+def release_shared(key: str, owner: str, token: int, *, again: bool = False) -> Update:
+    """Give up a shared lease: drop this holder's entry (the document stays until purged).
+
+    ``again``: ``owner`` may be in ``ended`` already (a give-up after ``leave``).
+    """
     me = {"$literal": owner}
     return Update(
         {"_id": key, "holders": {"$elemMatch": {"owner": owner, "token": token}}},
@@ -354,7 +361,7 @@ def release_shared(key: str, owner: str, token: int) -> Update:
                         }
                     },
                     **FREED,
-                    "ended": ended_with(me),
+                    "ended": ended_once(me) if again else ended_with(me),
                 }
             },
             HOLDERS_END,
