@@ -97,6 +97,8 @@ def test_every_holder_operation_names_its_key(
     with pytest.raises(LockNotAcquired):
         manager.acquire("targeted-busy", timeout=0.3)
     busy.release()
+    # The give-up of a stopped acquire: an upsert, which through mongos must name the key.
+    manager.store.abandon("targeted-gone", manager.new_owner(), shared=True)
     # Shared holders and a semaphore.
     reader = manager.acquire("targeted-shared", shared=True)
     reader.refresh()
@@ -141,6 +143,7 @@ def test_every_holder_operation_names_its_key(
     assert {
         "targeted-a",
         "targeted-busy",
+        "targeted-gone",
         "targeted-shared",
         "targeted-sem",
         "targeted-g1",
