@@ -352,15 +352,17 @@ def test_giving_up_on_keys_without_a_document_keeps_to_the_indexes(
     with LockManager(
         mongolock_url, database=manager.database, collection="abandon_indexed"
     ) as indexed:
-        indexed.ensure_indexes()
-        owners = {key: indexed.new_owner() for key in ("gone-a", "gone-b", "gone-c")}
-        for key, owner in owners.items():
-            indexed.store.abandon(key, owner)
-        for key, owner in owners.items():
-            late = indexed.store.acquire(key, owner, 30.0, queue=True)
-            assert late.owner != owner
-            indexed.acquire(key, blocking=False).release()
-        indexed.client[indexed.database].drop_collection("abandon_indexed")
+        try:
+            indexed.ensure_indexes()
+            owners = {key: indexed.new_owner() for key in ("gone-a", "gone-b", "gone-c")}
+            for key, owner in owners.items():
+                indexed.store.abandon(key, owner)
+            for key, owner in owners.items():
+                late = indexed.store.acquire(key, owner, 30.0, queue=True)
+                assert late.owner != owner
+                indexed.acquire(key, blocking=False).release()
+        finally:
+            indexed.client[indexed.database].drop_collection("abandon_indexed")
 
 
 @pytest.mark.parametrize("waiter", ["thread", "coroutine"])
