@@ -19,6 +19,13 @@ runtime from the test, without root or network namespaces:
     forward what the client sends, discard what the server answers: the server applies
     the requests, the client never hears back.
 
+One request can be held on its way (:meth:`hold_next`): the first chunk a client sends
+that contains given bytes waits, with what follows it on that connection, until
+:meth:`let_go`; the server side of that connection stays open meanwhile, also after the
+client closed its side, until the server answered. So the server applies the request
+after whatever the client did since, on other connections, as through any middlebox
+that keeps its own connection to the server (``mongos`` among them).
+
 A connection can also be black-holed by where it comes from (``isolate``): the proxy
 looks up which process opened it (through ``/proc``), so that a test can cut mongod
 nodes and client processes into two sides of a partition whatever port they use.
@@ -62,6 +69,9 @@ class _Link:
     server: asyncio.StreamWriter
     origin: str
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Set for the connection whose request is held: opens when the test lets it go.
+    gate: asyncio.Event | None = None
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class TcpProxy:
@@ -87,6 +97,10 @@ class TcpProxy:
         self._mode: Mode = "pass"
         self._delay = 0.0
         self._isolated: frozenset[str] = frozenset()
+        self._hold: tuple[bytes, ...] = ()
+        self._held: _Link | None = None
+        self.held = threading.Event()
+        self.answered = threading.Event()
         self._links: set[_Link] = set()
         # Connections accepted but not yet linked (their server side still connecting).
         self._accepting: set[asyncio.Task[None]] = set()
@@ -142,6 +156,23 @@ class TcpProxy:
     def isolate(self, origins: Iterable[str]) -> None:
         """Black-hole connections opened by these origins (empty: none), whatever the mode."""
         self._isolated = frozenset(origins)
+
+    def hold_next(self, *markers: bytes) -> None:
+        """Hold the next chunk a client sends that contains every one of ``markers``."""
+        if not markers:
+            raise ValueError("hold_next needs at least one marker")
+        self.held.clear()
+        self.answered.clear()
+        self._held = None
+        self._hold = markers
+
+    def let_go(self) -> None:
+        """Forward the held request (and what followed it); ``answered`` is set once the
+        server replied to it."""
+        link = self._held
+        if link is None or link.gate is None:
+            raise RuntimeError("no request is held")
+        self._call(link.gate.set)
 
     def start(self) -> TcpProxy:
         ready = threading.Event()
@@ -276,9 +307,9 @@ class TcpProxy:
         queues: tuple[asyncio.Queue[tuple[float, bytes]], ...] = (asyncio.Queue(), asyncio.Queue())
         link.tasks = [
             asyncio.create_task(self._pump(link, reader, queues[0], upstream=True)),
-            asyncio.create_task(self._send(link, up_writer, queues[0])),
+            asyncio.create_task(self._send(link, up_writer, queues[0], upstream=True)),
             asyncio.create_task(self._pump(link, up_reader, queues[1], upstream=False)),
-            asyncio.create_task(self._send(link, writer, queues[1])),
+            asyncio.create_task(self._send(link, writer, queues[1], upstream=False)),
         ]
 
     def _passes(self, link: _Link, upstream: bool) -> bool:
@@ -298,6 +329,14 @@ class TcpProxy:
         loop = asyncio.get_running_loop()
         try:
             while data := await reader.read(CHUNK):
+                if upstream and self._hold and all(marker in data for marker in self._hold):
+                    self._hold = ()
+                    link.gate = asyncio.Event()
+                    self._held = link
+                    self.held.set()
+                elif not upstream and link.gate is not None and link.gate.is_set():
+                    link.answered.set()
+                    self.answered.set()
                 if self._passes(link, upstream):
                     due = loop.time() + (self._delay if self._mode == "delay" else 0.0)
                     queue.put_nowait((due, data))
@@ -309,14 +348,27 @@ class TcpProxy:
             queue.put_nowait((0.0, b""))  # end of this direction
 
     async def _send(
-        self, link: _Link, writer: asyncio.StreamWriter, queue: asyncio.Queue[tuple[float, bytes]]
+        self,
+        link: _Link,
+        writer: asyncio.StreamWriter,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        *,
+        upstream: bool,
     ) -> None:
-        """Write what the pump queued, in order, each chunk no sooner than its due time."""
+        """Write what the pump queued, in order, each chunk no sooner than its due time
+        (and a held request's once it is let go)."""
         loop = asyncio.get_running_loop()
         try:
             while True:
                 due, data = await queue.get()
+                if upstream and link.gate is not None:
+                    await link.gate.wait()
                 if not data:
+                    if upstream and link.gate is not None:
+                        # The client closed its side: the server still answers the held
+                        # request before it learns of that (bounded).
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(link.answered.wait(), 30)
                     break
                 if (wait := due - loop.time()) > 0:
                     await asyncio.sleep(wait)

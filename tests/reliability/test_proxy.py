@@ -100,6 +100,24 @@ def test_delay_holds_every_chunk_back(
     timed_failure(through, _id=uuid.uuid4().hex)  # 2 s there and back: past the timeout
 
 
+def test_hold_next_applies_a_request_after_its_client_gave_up_on_it(
+    proxy: TcpProxy, through: MongoClient[dict[str, Any]], lone: MongoReplicaSet
+) -> None:
+    """The held request reaches the server only when let go, after the client's call
+    timed out and closed its connection, and the server applies it then."""
+    marker = uuid.uuid4().hex
+    proxy.hold_next(marker.encode())
+    timed_failure(through, _id=marker)  # the client closes the connection
+    assert proxy.held.is_set()
+    direct: MongoClient[dict[str, Any]]
+    with MongoClient(lone.url, serverSelectionTimeoutMS=10000) as direct:
+        assert direct.proxytest.docs.find_one({"_id": marker}) is None
+        through.admin.command("ping")  # other requests pass meanwhile
+        proxy.let_go()
+        assert proxy.answered.wait(10)
+        assert direct.proxytest.docs.find_one({"_id": marker}) == {"_id": marker}
+
+
 def test_isolate_black_holes_one_origin_only(lone: MongoReplicaSet) -> None:
     node = lone.nodes[0]
     with TcpProxy((node.host, node.port), classify=lambda port, own: "me") as proxy:

@@ -1,0 +1,98 @@
+"""A process stopped with Ctrl-C while its acquire's attempt is still on its way.
+
+The attempt is held on its way to the server (``TcpProxy.hold_next``) while the process
+is interrupted, gives up and ends; then the server gets it, on a connection that is
+still open, as through any middlebox that keeps its own connections to the server
+(``mongos`` among them). It must change nothing: not take the key for a process that no
+longer exists, nor a place in line that a release would hand the key to, nor touch
+another holder's lease.
+
+(Without such a middlebox, mongod ends a command whose client has gone when it next
+checks for an interrupt; the server holding the command with a fail point does not
+show the race for that reason.)
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from django_mongolock import LockManager
+from django_mongolock.testing import MongoReplicaSet
+from tests.reliability.conftest import Spawn, agent_config
+from tests.reliability.proxy import TcpProxy
+
+BOUND = 30.0
+
+
+@pytest.fixture
+def database(lone: MongoReplicaSet) -> Iterator[str]:
+    name = f"stopped_{uuid.uuid4().hex[:12]}"
+    yield name
+    client: MongoClient[dict[str, Any]]
+    with MongoClient(lone.url, serverSelectionTimeoutMS=30000) as client:
+        client.drop_database(name)
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["free-key", "key-held-by-another"])
+def test_a_process_interrupted_mid_attempt_leaves_the_key_as_it_found_it(
+    lone: MongoReplicaSet, proxy: TcpProxy, database: str, spawn: Spawn, taken: bool
+) -> None:
+    """A free key is free for others as soon as the process ended, and stays so; a key
+    another process holds stays its own, and its release does not hand the key to the
+    process that is gone.
+
+    With a key held by another, the agent first learns that the key is busy, so that
+    its held attempt is one that asks for a place in line.
+    """
+    key = f"stopped-{'taken' if taken else 'free'}"
+    documents: Any = None
+    observer = LockManager(lone.url, database=database)
+    try:
+        documents = observer.store.collection
+        holder = observer.acquire(key, ttl=60, refresh=False) if taken else None
+        config = {**agent_config(lone, database), "url": proxy.direct_url}
+        agent = spawn("rpc", config, name="stopped")
+        agent.event("ready", BOUND)
+        if taken:
+            busy = agent.call("acquire", name="probe", key=key, timeout=0.3)
+            assert busy["error"] == "LockNotAcquired", busy
+        before = documents.find_one({"_id": key}) or {}
+
+        proxy.hold_next(b"findAndModify", key.encode())
+        agent.send("acquire", name="job", key=key, timeout=60)
+        assert proxy.held.wait(BOUND), "the attempt never reached the proxy"
+        agent.kill(signal.SIGINT)
+        code = agent.process.wait(BOUND)
+
+        # The process ended on the interrupt, having given up: its owner is named ended.
+        assert [c["error"] for c in agent.events("crash")] == ["KeyboardInterrupt"], agent.messages
+        assert code == -signal.SIGINT, (code, agent.stderr())
+        given_up = documents.find_one({"_id": key})
+        assert given_up is not None
+        stopped = [owner for owner in given_up["ended"] if owner not in before.get("ended", [])]
+        assert len(stopped) == 1, given_up
+        assert given_up.get("waiters", []) == before.get("waiters", []), given_up
+        if holder is None:  # free at once for others
+            status = observer.status(key)
+            assert status is None or not status.live, status
+
+        # The server gets the attempt now, and applies it: it changes nothing.
+        proxy.let_go()
+        assert proxy.answered.wait(BOUND), "the server never answered the held attempt"
+        assert documents.find_one({"_id": key}) == given_up
+
+        if holder is not None:
+            assert (given_up["owner"], given_up["token"]) == (holder.owner, holder.token)
+            assert given_up["expires_at"] == before["expires_at"]
+            assert holder.release()  # the key is not handed to the process that is gone
+        after = observer.acquire(key, ttl=30, blocking=False)
+        assert after.token > (holder.token if holder is not None else 0)
+        assert after.release()
+    finally:
+        observer.close()
