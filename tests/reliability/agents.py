@@ -34,6 +34,7 @@ def _relative_sleep(seconds: float) -> None:
 if "faketime" in os.environ.get("LD_PRELOAD", ""):  # before pymongo can call time.sleep
     time.sleep = _relative_sleep  # type: ignore[assignment]
 
+import asyncio  # noqa: E402
 import atexit  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
@@ -213,6 +214,17 @@ class Rpc:
             "wall": time.time(),
             **_view(lock),
         }
+
+    def aacquire(self, name: str, key: str, timeout: float | None = None) -> dict[str, Any]:
+        """``acquire`` through ``aacquire``, in an event loop of its own (``asyncio.run``,
+        as a script's is: Ctrl-C cancels its task)."""
+        sent = now()
+        try:
+            lock = asyncio.run(self.manager.aacquire(key, timeout=timeout))
+        except MongoLockError as exc:
+            return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        self.locks[name] = lock
+        return {"ok": True, "sent": sent, "done": now(), "token": lock.token, **_view(lock)}
 
     def persist(
         self, name: str, key: str, ttl: float, timeout: float, give_up_after: float

@@ -39,16 +39,19 @@ def database(lone: MongoReplicaSet) -> Iterator[str]:
         client.drop_database(name)
 
 
+@pytest.mark.parametrize("api", ["acquire", "aacquire"])
 @pytest.mark.parametrize("taken", [False, True], ids=["free-key", "key-held-by-another"])
 def test_a_process_interrupted_mid_attempt_leaves_the_key_as_it_found_it(
-    lone: MongoReplicaSet, proxy: TcpProxy, database: str, spawn: Spawn, taken: bool
+    lone: MongoReplicaSet, proxy: TcpProxy, database: str, spawn: Spawn, taken: bool, api: str
 ) -> None:
     """A free key is free for others as soon as the process ended, and stays so; a key
     another process holds stays its own, and its release does not hand the key to the
     process that is gone.
 
     With a key held by another, the agent first learns that the key is busy, so that
-    its held attempt is one that asks for a place in line.
+    its held attempt is one that asks for a place in line. ``aacquire`` runs in
+    ``asyncio.run``, whose task Ctrl-C cancels: the cancelled acquire waits for its
+    attempt until that times out, then gives up.
     """
     key = f"stopped-{'taken' if taken else 'free'}"
     documents: Any = None
@@ -65,7 +68,7 @@ def test_a_process_interrupted_mid_attempt_leaves_the_key_as_it_found_it(
         before = documents.find_one({"_id": key}) or {}
 
         proxy.hold_next(b"findAndModify", key.encode())
-        agent.send("acquire", name="job", key=key, timeout=60)
+        agent.send(api, name="job", key=key, timeout=60)
         assert proxy.held.wait(BOUND), "the attempt never reached the proxy"
         agent.kill(signal.SIGINT)
         code = agent.process.wait(BOUND)
