@@ -201,6 +201,9 @@ class Rpc:
             )
         except MongoLockError as exc:
             return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
+        return self._taken(name, lock, sent)
+
+    def _taken(self, name: str, lock: Lock, sent: float) -> dict[str, Any]:
         done = now()
         self.locks[name] = lock
         return {
@@ -223,8 +226,7 @@ class Rpc:
             lock = asyncio.run(self.manager.aacquire(key, timeout=timeout))
         except MongoLockError as exc:
             return {"ok": False, "sent": sent, "done": now(), **_error(exc)}
-        self.locks[name] = lock
-        return {"ok": True, "sent": sent, "done": now(), "token": lock.token, **_view(lock)}
+        return self._taken(name, lock, sent)
 
     def persist(
         self, name: str, key: str, ttl: float, timeout: float, give_up_after: float

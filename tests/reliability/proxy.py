@@ -23,8 +23,9 @@ One request can be held on its way (:meth:`hold_next`): the first chunk a client
 that contains given bytes waits, with what follows it on that connection, until
 :meth:`let_go`; the server side of that connection stays open meanwhile, also after the
 client closed its side, until the server answered. So the server applies the request
-after whatever the client did since, on other connections, as through any middlebox
-that keeps its own connection to the server (``mongos`` among them).
+after whatever the client did since, on other connections: as a request already past
+a middlebox with connections of its own to the server (``mongos`` forwarding to a
+shard) is. The request and the server's reply are kept (``request``, ``reply``).
 
 A connection can also be black-holed by where it comes from (``isolate``): the proxy
 looks up which process opened it (through ``/proc``), so that a test can cut mongod
@@ -43,9 +44,11 @@ import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["MODES", "Mode", "TcpProxy", "pid_of_peer"]
+import bson
+
+__all__ = ["MODES", "Mode", "TcpProxy", "command_of", "pid_of_peer"]
 
 Mode = Literal["pass", "drop", "delay", "reset", "half-open"]
 MODES: tuple[Mode, ...] = ("pass", "drop", "delay", "reset", "half-open")
@@ -101,6 +104,8 @@ class TcpProxy:
         self._held: _Link | None = None
         self.held = threading.Event()
         self.answered = threading.Event()
+        self.request = b""
+        self.reply = bytearray()
         self._links: set[_Link] = set()
         # Connections accepted but not yet linked (their server side still connecting).
         self._accepting: set[asyncio.Task[None]] = set()
@@ -161,18 +166,29 @@ class TcpProxy:
         """Hold the next chunk a client sends that contains every one of ``markers``."""
         if not markers:
             raise ValueError("hold_next needs at least one marker")
-        self.held.clear()
-        self.answered.clear()
-        self._held = None
+        self.disarm()
         self._hold = markers
 
     def let_go(self) -> None:
         """Forward the held request (and what followed it); ``answered`` is set once the
-        server replied to it."""
+        server's whole reply to it came back (``reply``)."""
         link = self._held
         if link is None or link.gate is None:
             raise RuntimeError("no request is held")
-        self._call(link.gate.set)
+        if not self._call(link.gate.set):
+            raise RuntimeError(f"{self!r} did not let the held request go")
+
+    def disarm(self) -> None:
+        """No request held from now on: a hold not met yet is dropped, a held request goes
+        on its way (a test that ended early leaves nothing held for the next)."""
+        self._hold = ()
+        link, self._held = self._held, None
+        if link is not None and link.gate is not None:
+            self._call(link.gate.set)
+        self.held.clear()
+        self.answered.clear()
+        self.request = b""
+        self.reply = bytearray()
 
     def start(self) -> TcpProxy:
         ready = threading.Event()
@@ -221,10 +237,11 @@ class TcpProxy:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _call(self, function: Callable[[], None]) -> None:
+    def _call(self, function: Callable[[], None]) -> bool:
+        """Run ``function`` on the loop; whether it ran within 10 s."""
         loop = self._loop
         if loop is None:
-            return
+            return False
         done = threading.Event()
 
         def run() -> None:
@@ -234,7 +251,7 @@ class TcpProxy:
                 done.set()
 
         loop.call_soon_threadsafe(run)
-        done.wait(10)
+        return done.wait(10)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -333,10 +350,13 @@ class TcpProxy:
                     self._hold = ()
                     link.gate = asyncio.Event()
                     self._held = link
+                    self.request = data
                     self.held.set()
-                elif not upstream and link.gate is not None and link.gate.is_set():
-                    link.answered.set()
-                    self.answered.set()
+                elif not upstream and link is self._held and not link.answered.is_set():
+                    self.reply += data
+                    if len(self.reply) >= max(4, int.from_bytes(self.reply[:4], "little")):
+                        link.answered.set()  # the reply's length is its first field
+                        self.answered.set()
                 if self._passes(link, upstream):
                     due = loop.time() + (self._delay if self._mode == "delay" else 0.0)
                     queue.put_nowait((due, data))
@@ -383,6 +403,16 @@ class TcpProxy:
             self._links.discard(link)
             for side in (link.client, link.server):
                 side.transport.abort()
+
+
+def command_of(message: bytes) -> dict[str, Any]:
+    """The body of one OP_MSG (a request or a reply as the wire carries it, uncompressed):
+    after the 16-byte header, 4 bytes of flags and the section kind, one BSON document."""
+    opcode = int.from_bytes(message[12:16], "little")
+    if opcode != 2013 or message[20] != 0:
+        raise ValueError(f"not an OP_MSG with its body first (opcode {opcode})")
+    size = int.from_bytes(message[21:25], "little")
+    return bson.decode(message[21 : 21 + size])
 
 
 # -- who opened a connection ----------------------------------------------------------------------

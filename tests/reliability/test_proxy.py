@@ -20,7 +20,7 @@ from pymongo.errors import PyMongoError
 
 from django_mongolock.testing import MongoReplicaSet
 from tests.reliability.conftest import SLACK
-from tests.reliability.proxy import TcpProxy
+from tests.reliability.proxy import TcpProxy, command_of
 
 TIMEOUT = 1.5
 
@@ -37,6 +37,7 @@ def through(proxy: TcpProxy) -> Iterator[MongoClient[dict[str, Any]]]:
         yield client
     finally:
         proxy.set_mode("pass")
+        proxy.disarm()
         client.close()
 
 
@@ -115,6 +116,8 @@ def test_hold_next_applies_a_request_after_its_client_gave_up_on_it(
         through.admin.command("ping")  # other requests pass meanwhile
         proxy.let_go()
         assert proxy.answered.wait(10)
+        assert command_of(proxy.request)["insert"] == "docs"
+        assert command_of(bytes(proxy.reply))["n"] == 1
         assert direct.proxytest.docs.find_one({"_id": marker}) == {"_id": marker}
 
 
