@@ -72,7 +72,10 @@ class LockTracing:
                 self._holds[event.lock] = (parent, end)
                 self.backlog.post(job)
         elif isinstance(event, events.Released):
-            self._end_hold(event.lock, {"mongolock.lease_running": event.held}, None)
+            if event.held:
+                self._end_hold(event.lock, {"mongolock.lease_running": True}, None)
+            # A release that found the lease ended comes with a ``Lost``, told on a
+            # notice worker before or after this: that one ends the hold, with its reason.
         elif isinstance(event, events.Lost):
             self._end_hold(event.lock, {"mongolock.loss_reason": event.reason}, event.detail)
 
