@@ -148,13 +148,19 @@ def replica_set(cluster: MongoReplicaSet) -> Iterator[MongoReplicaSet]:
 
 
 @pytest.fixture
-def database(cluster: MongoReplicaSet) -> Iterator[str]:
-    """A database of the test's own on the shared set, dropped after it."""
+def database_set(cluster: MongoReplicaSet) -> MongoReplicaSet:
+    """The set ``database`` is on: the shared one, unless a module names its own."""
+    return cluster
+
+
+@pytest.fixture
+def database(database_set: MongoReplicaSet) -> Iterator[str]:
+    """A database of the test's own, dropped after it (the set made healthy first)."""
     name = f"reliability_{uuid.uuid4().hex[:12]}"
     yield name
-    heal(cluster)
+    heal(database_set)
     client: MongoClient[dict[str, Any]]
-    with MongoClient(cluster.url, serverSelectionTimeoutMS=30000) as client:
+    with MongoClient(database_set.url, serverSelectionTimeoutMS=30000) as client:
         client.drop_database(name)
 
 

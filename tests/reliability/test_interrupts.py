@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import bson
 import pytest
-from pymongo import MongoClient
 
 from django_mongolock import LockManager, queries
 from django_mongolock.testing import MongoReplicaSet
@@ -33,12 +31,8 @@ BOUND = 30.0
 
 
 @pytest.fixture
-def database(lone: MongoReplicaSet) -> Iterator[str]:
-    name = f"stopped_{uuid.uuid4().hex[:12]}"
-    yield name
-    client: MongoClient[dict[str, Any]]
-    with MongoClient(lone.url, serverSelectionTimeoutMS=30000) as client:
-        client.drop_database(name)
+def database_set(lone: MongoReplicaSet) -> MongoReplicaSet:
+    return lone
 
 
 @pytest.fixture
