@@ -75,6 +75,8 @@ class Held(Protocol):
     def token(self) -> int: ...
     @property
     def shared(self) -> bool: ...
+    @property
+    def over(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +316,11 @@ def _acquired(args: tuple[Any, ...], started: float, lock: Held) -> None:
     now = clock.now()
     with _mutex:  # one lock for both: this runs on every acquisition while observed
         _waiting -= 1
-        _since[lock] = now
+        # Lost or released before this (a ``lock_acquired`` receiver ran meanwhile):
+        # that end found nothing to pop, and nothing may stay counted as held. Its flag
+        # is set before it pops, under this mutex, so one of the two sees the other.
+        if not lock.over:
+            _since[lock] = now
     source, waited = args[0], now - started
     _emit(
         AcquireFinished(

@@ -350,7 +350,9 @@ def observe(event: events.Event, recorder: Recorder | None = None) -> None:
                 token=event.token,
             )
     elif isinstance(event, events.Released):
-        if event.held_for is not None:
+        # A release that found the lease ended is the loss's, counted as such whichever
+        # of the two the holder learnt first.
+        if event.held and event.held_for is not None:
             recorder.released(event.source, event.lock.key, hold=event.held_for)
     elif isinstance(event, events.Lost):
         recorder.lost(

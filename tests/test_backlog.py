@@ -45,9 +45,9 @@ def test_a_post_after_the_thread_fell_asleep_wakes_it() -> None:
             backlog.post(ran.set)
             assert ran.wait(5), "a job posted to a sleeping backlog never ran"
             if number % 2:  # every other post finds the thread asleep; the rest, racing it
-                for _ in range(500):
-                    if backlog._asleep or pause.wait(0.001):
-                        break
+                until = time.monotonic() + 5
+                while not backlog._asleep and time.monotonic() < until:
+                    pause.wait(0.001)
                 assert backlog._asleep
     finally:
         backlog.close()

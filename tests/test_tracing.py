@@ -16,6 +16,7 @@ from opentelemetry.trace import StatusCode
 
 from django_mongolock import LockLost, LockManager, LockNotAcquired, events
 from django_mongolock.contrib import otel
+from tests.receivers import End, ending_when_acquired
 
 
 class Exporter(InMemorySpanExporter):
@@ -217,3 +218,33 @@ def test_spans_are_built_off_the_callers_thread_with_its_parent_and_times(
 
 def _key(span: ReadableSpan) -> object:
     return (span.attributes or {}).get("mongolock.key")
+
+
+@pytest.mark.parametrize("end", ["lost", "released"])
+def test_a_hold_ended_before_its_acquisition_was_told_is_one_span(
+    manager: LockManager,
+    other: LockManager,
+    traced: tuple[TracerProvider, Exporter],
+    monkeypatch: pytest.MonkeyPatch,
+    end: End,
+) -> None:
+    """A ``lock_acquired`` receiver runs before the acquisition is told: a loss or a
+    release meanwhile reaches the observer first, and still ends the one hold span."""
+    _, exporter = traced
+    monkeypatch.setattr(events, "_emit_aside", events._emit)  # the loss told at once
+    with ending_when_acquired(other, "t-early", end):
+        lock = manager.acquire("t-early", ttl=30)
+    assert not lock.release()
+    (acquire,) = named(exporter, "mongolock.acquire")
+    (hold,) = named(exporter, "mongolock.hold")
+    assert hold.parent == acquire.parent
+    assert hold.start_time is not None
+    assert hold.end_time is not None
+    assert hold.start_time <= hold.end_time
+    assert hold.attributes is not None
+    if end == "lost":
+        assert hold.status.status_code is StatusCode.ERROR
+        assert hold.attributes["mongolock.loss_reason"] == "force-released"
+    else:
+        assert hold.status.status_code is StatusCode.UNSET
+        assert hold.attributes["mongolock.lease_running"] is True

@@ -40,6 +40,10 @@ def _type_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+_End = tuple[int, dict[str, Any], str | None]
+"""A hold's end (ns), its attributes, and the loss detail if lost."""
+
+
 class LockTracing:
     """The observer that turns lock events into spans; ``close()`` unsubscribes it.
 
@@ -54,6 +58,9 @@ class LockTracing:
         self._holds: weakref.WeakKeyDictionary[Any, tuple[Context, int]] = (
             weakref.WeakKeyDictionary()
         )
+        # Holds that ended before their acquisition was told (a loss, or a release by a
+        # ``lock_acquired`` receiver, meanwhile): the end, kept for the acquisition.
+        self._ended: weakref.WeakKeyDictionary[Any, _End] = weakref.WeakKeyDictionary()
         self._mutex = threading.Lock()
         self.backlog = Backlog("mongolock-spans")
         _tracings.add(self)
@@ -69,8 +76,14 @@ class LockTracing:
                 self.backlog.post(job)
                 return
             with self._mutex:  # the acquire's job before any end of its hold
-                self._holds[event.lock] = (parent, end)
                 self.backlog.post(job)
+                ended = self._ended.pop(event.lock, None) if self._ended else None
+                if ended is None:
+                    self._holds[event.lock] = (parent, end)
+                    return
+                at, attributes, lost = ended
+                hold = (event.lock, (parent, end), max(at, end), attributes, lost)
+                self.backlog.post(functools.partial(self._hold, *hold))
         elif isinstance(event, events.Released):
             if event.held:
                 self._end_hold(event.lock, {"mongolock.lease_running": True}, None)
@@ -111,8 +124,11 @@ class LockTracing:
         end = time.time_ns()
         with self._mutex:
             opened = self._holds.pop(lock, None)
-        if opened is None:
-            return  # taken before install, or already ended by its loss
+            if opened is None:
+                # Taken before install (its end is forgotten with the handle), or ended
+                # before its acquisition was told: that builds the span.
+                self._ended[lock] = (end, attributes, lost)
+                return
         self.backlog.post(functools.partial(self._hold, lock, opened, end, attributes, lost))
 
     def _hold(
@@ -145,6 +161,7 @@ class LockTracing:
         with self._mutex:
             holds = list(self._holds.items())
             self._holds.clear()
+            self._ended.clear()
         for lock, opened in holds:
             closing = {"mongolock.tracing_closed": True}
             self.backlog.post(functools.partial(self._hold, lock, opened, end, closing, None))
@@ -160,6 +177,7 @@ def _forget_in_child() -> None:
     for tracing in list(_tracings):
         tracing._mutex = threading.Lock()  # a parent's thread may have held it
         tracing._holds.clear()
+        tracing._ended.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
