@@ -103,7 +103,8 @@ class AcquireFinished:
 @dataclass(frozen=True, slots=True)
 class Released:
     """Its holder released a lock; ``held_for`` is None if it was taken before anybody
-    listened; ``held`` is False if the lease had already ended (a ``Lost`` came too)."""
+    listened; ``held`` is False if the lease had already ended, on the server or by this
+    process's clock (a ``Lost`` comes too, before or after)."""
 
     source: object
     lock: Held

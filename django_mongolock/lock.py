@@ -166,7 +166,9 @@ class Lock(LeaseState):
     def _released_by_holder(self, held: bool) -> None:
         self.backend.on_release(self)
         send_safely(lock_released, self.backend, lock=self, held=held)
-        events.released(self.backend, self, held)
+        # A lease that lapsed here while the server still had it was told lost: its
+        # observers count the loss, not a release as well.
+        events.released(self.backend, self, held and not self._lost)
         if not held and not self._lost:
             self.mark_lost("its lease had ended or it was released by somebody else")
 

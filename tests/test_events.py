@@ -244,6 +244,16 @@ def test_force_release_is_a_loss_with_its_reason(
     assert events.held_count() == 0
 
 
+def _assert_counted_as_one_loss(manager: LockManager, mine: list[events.Event]) -> None:
+    """The statistics of one lock's events: one acquisition, one loss, no release."""
+    recorder = stats.Recorder()
+    for event in mine:
+        stats.observe(event, recorder)
+    [(_, counts)] = list(recorder.take(manager).items())
+    assert counts.counts == {"acquired": 1, "lost": 1}
+    assert events.held_count() == 0
+
+
 @pytest.mark.parametrize("learnt_by", ["refresh", "release"])
 def test_a_release_that_found_its_lease_ended_counts_as_the_loss_only(
     manager: LockManager, other: LockManager, seen: list[events.Event], learnt_by: str
@@ -255,6 +265,7 @@ def test_a_release_that_found_its_lease_ended_counts_as_the_loss_only(
     if learnt_by == "refresh":
         with pytest.raises(LockLost):
             lock.refresh()
+        assert get_notices().drain(5.0)  # the loss told before the release
     assert not lock.release()
     assert get_notices().drain(5.0)
     mine = [e for e in seen if getattr(e, "lock", None) is lock]
@@ -266,12 +277,25 @@ def test_a_release_that_found_its_lease_ended_counts_as_the_loss_only(
             else [events.Released, events.Lost]
         ),
     ]
-    recorder = stats.Recorder()
-    for event in mine:
-        stats.observe(event, recorder)
-    [(_, counts)] = list(recorder.take(manager).items())
-    assert counts.counts == {"acquired": 1, "lost": 1}
-    assert events.held_count() == 0
+    _assert_counted_as_one_loss(manager, mine)
+
+
+def test_a_release_after_the_lease_lapsed_here_counts_as_the_loss_only(
+    manager: LockManager, seen: list[events.Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease over by this process's clock (its margin) while the server still has it:
+    the release frees it, and the observers are told of one loss and no release."""
+    monkeypatch.setattr(clock, "margin", lambda ttl: ttl / 2)
+    lock = manager.acquire("ev-lapsed-here", ttl=4, refresh=False)
+    assert lock.lost.wait(10)
+    assert lock.release()  # the server's lease ran 2 s longer
+    assert get_notices().drain(5.0)
+    mine = [e for e in seen if getattr(e, "lock", None) is lock]
+    [released] = [e for e in mine if isinstance(e, events.Released)]
+    assert not released.held
+    [loss] = [e for e in mine if isinstance(e, events.Lost)]
+    assert loss.reason == "expired"
+    _assert_counted_as_one_loss(manager, mine)
 
 
 @pytest.mark.parametrize("end", ["lost", "released"])
