@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ from bson.raw_bson import RawBSONDocument
 from django_mongolock import Lock, LockManager, queries
 from django_mongolock.refresher import get_refresher
 from django_mongolock.store import Kept
+from tests.waiting import in_line
 
 # Enough leases for the store to keep the encoded write (``holder._KEEP_FROM``).
 MANY = 70
@@ -136,4 +138,51 @@ def test_the_refresher_encodes_its_write_again_only_when_its_leases_change(
     keys = bson.decode(sent.writes[-1][0].raw)["_id"]["$in"]
     assert sorted(keys) == sorted(lock.key for lock in (*locks[1:], late))
     for lock in (*locks[1:], late):
+        assert lock.release()
+
+
+def _handed(waiting: LockManager, holding: LockManager, key: str) -> Lock:
+    """A lock ``waiting`` takes from a release of ``holding``'s that hands it over: it
+    comes with a short first lease, which its lane extends at an early tick."""
+    holder = holding.acquire(key, ttl=30)
+    got: list[Lock] = []
+    thread = threading.Thread(target=lambda: got.append(waiting.acquire(key, ttl=30, timeout=20)))
+    thread.start()
+    try:
+        in_line(holding, key, 1)
+    finally:
+        holder.release()
+        thread.join(30)
+    [lock] = got
+    assert lock.remaining < 10  # the first lease of a handoff
+    return lock
+
+
+def _extended(lock: Lock) -> None:
+    """Until the lane extended ``lock``'s short first lease to its ttl (bounded)."""
+    deadline = time.monotonic() + 10
+    while lock.remaining < 20 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lock.remaining >= 20
+
+
+def test_an_early_tick_for_a_handed_lease_leaves_the_others_to_their_own_tick(
+    manager: LockManager, other: LockManager
+) -> None:
+    """A lease handed over comes with a short first lease, which the lane extends at an
+    early tick: the lane's other leases, whose tick is not due yet, are not written."""
+    kept = manager.acquire("early-kept", ttl=30)
+    first = _handed(manager, other, "early-first")
+    _extended(first)  # the lane's first tick: every lease
+    before = _refreshed(manager, [kept, first])
+    second = _handed(manager, other, "early-second")
+    _extended(second)  # an early tick: this lease alone
+    assert _refreshed(manager, [kept, first]) == before
+    get_refresher().tick()  # a tick of every lease (the refresher's own, by hand)
+    assert _moved(before, _refreshed(manager, [kept, first, second])) == {
+        "early-kept",
+        "early-first",
+        "early-second",
+    }
+    for lock in (kept, first, second):
         assert lock.release()
