@@ -338,12 +338,20 @@ class Lane:
             min({lk.ttl for lk in locks}, default=math.inf),
             election_ttl,
         )
-        next_due = clock.now() + interval(shortest)
+        now = clock.now()
+        next_due = now + interval(shortest)
         full_due = self._full_due
+        # Within a quarter interval of the full tick (a late one), this one is that.
+        early = early and now < full_due - interval(shortest) / 4
         if early:
-            # The other leases keep their tick, which ``next_due`` must not put off.
-            locks = [lk for lk in locks if lk.deadline < full_due + interval(lk.ttl)]
+            # A lease is left to the full tick only if it will have there what a tick
+            # leaves (every lease the last one extended); that tick must not be put off.
+            locks = [lk for lk in locks if lk.deadline < _kept_until(lk, full_due)]
             next_due = min(next_due, full_due)
+            if not locks and not elections:
+                with self._cond:
+                    self._due = min(self._due, next_due)
+                return  # nothing written: no tick to tell of
         if locks:
             batch = self._batch
             if early:
@@ -512,6 +520,14 @@ _NOT_EXTENDED = "its lease could not be extended (released by somebody else, or 
 
 def interval(ttl: float) -> float:
     return max(MIN_INTERVAL, ttl / 3)
+
+
+def _kept_until(lock: Lease, full_due: float) -> float:
+    """The deadline a tick before ``full_due`` leaves ``lock`` to that tick from: one
+    that a tick when ``full_due`` was set gave it, whose lease then ends two intervals
+    after ``full_due`` (less the margin), as a lease at the regular pace does."""
+    ttl = lock.ttl
+    return full_due + ttl - interval(ttl) - clock.margin(ttl)
 
 
 # A lease as a refresh write names it: key, owner, token.

@@ -146,7 +146,7 @@ def _handed(waiting: LockManager, holding: LockManager, key: str) -> Lock:
     comes with a short first lease, which its lane extends at an early tick."""
     holder = holding.acquire(key, ttl=30)
     got: list[Lock] = []
-    thread = threading.Thread(target=lambda: got.append(waiting.acquire(key, ttl=30, timeout=20)))
+    thread = threading.Thread(target=lambda: got.append(waiting.acquire(key, ttl=300, timeout=20)))
     thread.start()
     try:
         in_line(holding, key, 1)
@@ -171,7 +171,8 @@ def test_an_early_tick_for_a_handed_lease_leaves_the_others_to_their_own_tick(
 ) -> None:
     """A lease handed over comes with a short first lease, which the lane extends at an
     early tick: the lane's other leases, whose tick is not due yet, are not written."""
-    kept = manager.acquire("early-kept", ttl=30)
+    # Leases of 300 s: the lane's ticks are 100 s apart, but for the early ones.
+    kept = manager.acquire("early-kept", ttl=300)
     first = _handed(manager, other, "early-first")
     _extended(first)  # the lane's first tick: every lease
     before = _refreshed(manager, [kept, first])
@@ -185,4 +186,21 @@ def test_an_early_tick_for_a_handed_lease_leaves_the_others_to_their_own_tick(
         "early-second",
     }
     for lock in (kept, first, second):
+        assert lock.release()
+
+
+def test_an_early_tick_keeps_a_shorter_lease_at_its_own_pace(manager: LockManager) -> None:
+    """A lease shorter than the lane's others is extended at early ticks of its own pace,
+    which leave the longer leases to their tick."""
+    kept = manager.acquire("pace-long", ttl=300)
+    get_refresher().tick()  # every lease: the next such tick in 100 s
+    before = _refreshed(manager, [kept])
+    short = manager.acquire("pace-short", ttl=3)  # a tick every second
+    taken = _refreshed(manager, [short])
+    time.sleep(6.5)  # over twice its lease
+    assert short.valid
+    assert not short.lost.is_set()
+    assert _refreshed(manager, [kept]) == before
+    assert _moved(taken, _refreshed(manager, [short])) == {"pace-short"}
+    for lock in (kept, short):
         assert lock.release()
