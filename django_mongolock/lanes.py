@@ -310,7 +310,8 @@ class Lane:
 
         An ``early`` tick, before the next tick of every lease is due, comes for leases
         handed over with a short first lease (``add``): it extends only the leases that
-        would have less than their interval left by that tick. Extending every lease
+        would reach that tick with less left than a tick leaves them (``_kept_until``),
+        a lease handed over or shorter than the others. Extending every lease
         then made a stream of handoffs refresh all of a lane's leases every few tenths
         of a second, a write as large as the lane that the other writes queued behind.
         """
