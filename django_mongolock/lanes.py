@@ -295,21 +295,22 @@ class Lane:
                     return
                 continue
             try:
-                self.tick(early=due < self._full_due)
+                self.tick(forced=False)
             except BaseException:  # user code runs in campaigns: the lane outlives it all
                 logger.exception("refresh tick failed")
                 with self._cond:
                     self._due = min(self._due, clock.now() + RETRY_INTERVAL)
 
-    def tick(self, *, early: bool = False) -> None:
+    def tick(self, *, forced: bool = True) -> None:
         """Extend every held lease of this manager now (one write), then campaign.
 
         The per-lock work is kept to attribute reads and one float store under the
         lock's own mutex: at 10,000 held locks it is a share of the tick that the write
         itself does not dwarf.
 
-        An ``early`` tick, before the next tick of every lease is due, comes for leases
-        handed over with a short first lease (``add``): it extends only the leases that
+        The lane's own ticks (not ``forced``, as one by hand is) are early while the next
+        tick of every lease is more than a quarter interval away: they come for leases
+        handed over with a short first lease (``add``), and extend only the leases that
         would reach that tick with less left than a tick leaves them (``_kept_until``),
         a lease handed over or shorter than the others. Extending every lease
         then made a stream of handoffs refresh all of a lane's leases every few tenths
@@ -342,8 +343,9 @@ class Lane:
         now = clock.now()
         next_due = now + interval(shortest)
         full_due = self._full_due
-        # Within a quarter interval of the full tick (a late one), this one is that.
-        early = early and now < full_due - interval(shortest) / 4
+        # A tick never runs before it is due: one more than a quarter interval before the
+        # full tick is early (due for a lease handed over); nearer, it is the full tick.
+        early = not forced and now < full_due - interval(shortest) / 4
         if early:
             # A lease is left to the full tick only if it will have there what a tick
             # leaves (every lease the last one extended); that tick must not be put off.
