@@ -16,6 +16,7 @@ from django_mongolock.astore import AsyncLockStore
 from django_mongolock.exceptions import LockLost
 from django_mongolock.info import LockInfo
 from django_mongolock.lease import LAPSED, LeaseState
+from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_released, send_safely
 from django_mongolock.store import LockStore
 from django_mongolock.validation import validate_ttl
@@ -151,7 +152,12 @@ class Lock(LeaseState):
         lease = self.ttl if ttl is None else validate_ttl(ttl)
         self._check_refreshable()
         sent_at = clock.now()
+        before = self.ttl
         self._shorten(lease, sent_at)
+        if lease < before and self.refreshable:
+            # Its lane ticks at the pace of the leases it was given: a third of this
+            # shorter one from now on, or the lease would end before the next tick.
+            get_refresher().register(self)
         return lease, sent_at
 
     def _refreshed(self, info: LockInfo | None, sent_at: float) -> bool:

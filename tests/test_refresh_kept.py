@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -204,3 +205,24 @@ def test_an_early_tick_keeps_a_shorter_lease_at_its_own_pace(manager: LockManage
     assert _moved(taken, _refreshed(manager, [short])) == {"pace-short"}
     for lock in (kept, short):
         assert lock.release()
+
+
+@pytest.mark.parametrize("through", ["refresh", "arefresh"])
+def test_a_lease_shortened_by_hand_is_kept_at_its_new_pace(
+    manager: LockManager, through: str
+) -> None:
+    """``refresh(ttl=shorter)``: the lane, whose next tick was a third of the old lease
+    away, ticks at a third of the new one, and keeps it past several of its lengths."""
+    lock = manager.acquire(f"shortened-{through}", ttl=300)
+    get_refresher().tick()  # the next tick of this lease in 100 s
+    if through == "refresh":
+        lock.refresh(ttl=2)
+    else:
+        asyncio.run(lock.arefresh(ttl=2))
+    assert lock.ttl == 2
+    taken = _refreshed(manager, [lock])
+    time.sleep(5.0)  # two and a half of its leases
+    assert lock.valid
+    assert not lock.lost.is_set()
+    assert _moved(taken, _refreshed(manager, [lock])) == {lock.key}
+    assert lock.release()
