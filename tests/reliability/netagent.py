@@ -23,6 +23,7 @@ from django_mongolock import Election, Lock, LockLost, LockManager, LockNotAcqui
 from django_mongolock.refresher import get_refresher
 from django_mongolock.signals import lock_acquired, lock_lost
 from tests.reliability.agents import Output, _error, answer, serve
+from tests.waiting import stream_open
 
 __all__ = ["main"]
 
@@ -235,6 +236,12 @@ class Rpc:
 
     def state(self, name: str) -> dict[str, Any]:
         return {"now": now(), **_view(self.locks[name])}
+
+    def stream(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Open the change stream now (bounded), so that the first handoff to a waiter of
+        this process comes by its event, as the later ones do."""
+        stream_open(self.manager, timeout)
+        return {"ok": True}
 
     def ping(self) -> dict[str, Any]:
         """One bounded round trip through this process's own manager."""

@@ -13,15 +13,17 @@ than the one before it.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import uuid
+from typing import Any
 
 import pytest
 
 from django_mongolock import LockManager
 from django_mongolock.testing import MongoReplicaSet
-from tests.reliability.conftest import SLACK, NetSpawn, Record
+from tests.reliability.conftest import SLACK, NetAgent, NetSpawn, Record
 from tests.reliability.proxy import TcpProxy
 from tests.waiting import in_line
 
@@ -31,13 +33,13 @@ LEASES = {"long-6": 6.0, "long-20": 20.0, "long-60": 60.0}
 """The leases the far process holds throughout: the shortest sets its lane's pace (2 s)."""
 HANDED_TTL = 20.0
 HANDOFFS = 16
-DELAYS = (0.02, 0.15)
+DELAYS = (0.02, 0.1)
 """Each chunk through the proxy is this late, both ways, drawn again for each handoff: a
-round trip of up to 0.3 s and more. A handed lease reaches its waiter with at least half
-its first lease left by the waiter's clock (or is extended before ``acquire`` returns),
-and its first refresh is sent with two thirds of that still to go: about 0.67 s for a
-round trip. A link much slower than this one can end a handed lease before its first
-refresh (the holder is told, before anyone else can take the key)."""
+round trip of up to 0.2 s and more. A handed lease, learnt of from the change stream, has
+about 1.5 s of its 2 s first lease left when ``acquire`` returns, and its first refresh is
+sent two thirds of a second later. A link much slower than this one can end a handed
+lease before that refresh is answered (the holder is told, before anyone else can take
+the key): see docs/locks.md."""
 SST = 8.0
 
 
@@ -52,6 +54,7 @@ def test_leases_of_a_holder_that_keeps_being_handed_locks_over_a_slow_link_are_k
         {"url": proxy.direct_url, "database": database, "sst": SST, "ttl": HANDED_TTL},
         name="far",
     )
+    assert far.call("stream", wait=60)["ok"]  # every handoff comes by its event
     tokens: dict[str, int] = {}
     for name, ttl in LEASES.items():
         got = far.call("acquire", name=name, key=name, ttl=ttl, wait=60)
@@ -65,7 +68,7 @@ def test_leases_of_a_holder_that_keeps_being_handed_locks_over_a_slow_link_are_k
                 key = f"handed-{number}"
                 mine = near.acquire(key, blocking=False)
                 seq = far.send("acquire", name=key, key=key, ttl=HANDED_TTL, timeout=SST)
-                in_line(near, key, 1, timeout=SST + SLACK)
+                in_line(near, key, 1, SST + SLACK, functools.partial(_answered, far, seq))
                 time.sleep(rng.uniform(0.0, 0.5))  # and the far lanes' ticks fall anywhere
                 released = time.monotonic()
                 assert mine.release()
@@ -95,3 +98,9 @@ def test_leases_of_a_holder_that_keeps_being_handed_locks_over_a_slow_link_are_k
         handoffs=len(woken),
         worst_wake_after_release_seconds=max(woken),
     )
+
+
+def _answered(agent: NetAgent, seq: int) -> dict[str, Any] | None:
+    """The agent's answer to request ``seq`` if it came (an acquire answered before the
+    release it waits for has failed)."""
+    return next((m for m in list(agent.messages) if m.get("reply") == seq), None)
